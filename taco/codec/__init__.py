@@ -1,0 +1,50 @@
+"""Pure tensor math for compressing TP intermediate tensors: formats, Hadamard, codecs, calibration.
+
+No torch.distributed here (DESIGN.md 2): collectives in `taco.comm` move the buffers these make.
+"""
+
+from .base import Codec, Packed
+from .calibrate import CalibrationChoice, calibrate
+from .codecs import (
+    CODECS,
+    FP8GroupCodec,
+    FP8TensorCodec,
+    Int4HadamardCodec,
+    Int8GroupCodec,
+    Int8HadamardCodec,
+    NoneCodec,
+    Taco1sCodec,
+    TacoCodec,
+    get_codec,
+    list_codecs,
+    register_backend,
+    set_auto_backends,
+    sqnr_db,
+)
+from .formats import FP8_FORMATS, fp8_format
+from .hadamard import GROUP_SIZES, hadamard_matrix
+
+__all__ = [
+    "CODECS",
+    "FP8_FORMATS",
+    "GROUP_SIZES",
+    "CalibrationChoice",
+    "Codec",
+    "FP8GroupCodec",
+    "FP8TensorCodec",
+    "Int4HadamardCodec",
+    "Int8GroupCodec",
+    "Int8HadamardCodec",
+    "NoneCodec",
+    "Packed",
+    "Taco1sCodec",
+    "TacoCodec",
+    "calibrate",
+    "fp8_format",
+    "get_codec",
+    "hadamard_matrix",
+    "list_codecs",
+    "register_backend",
+    "set_auto_backends",
+    "sqnr_db",
+]

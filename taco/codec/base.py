@@ -1,0 +1,149 @@
+"""The codec contract: `Codec.encode(x) -> Packed`, `Codec.decode(packed) -> x^`, exact byte counts.
+
+A `Packed` is one contiguous uint8 buffer (payload and scales together, DESIGN.md 1.1 wire) plus
+the host-side facts both ends of a collective already know (shape, dtype, which codec). Only the
+buffer travels; `nbytes` is its exact size. Collectives that receive a bare buffer rebuild the
+`Packed` with `Codec.wrap`, which checks the size against `Codec.nbytes(numel)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Packed:
+    """An encoded tensor: `data` (1-D uint8, the bytes that travel) and how to read it back."""
+
+    data: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    codec: str
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes that travel: payload + scales + any metadata."""
+        return self.data.numel()
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Codec:
+    """Base class. Subclasses implement `nbytes`, `_encode_flat` and `_decode_flat`.
+
+    `_encode_flat(x, out)` gets a contiguous 1-D float tensor (any of FLOAT_DTYPES, numel >= 1)
+    and writes exactly `nbytes(numel)` bytes into the uint8 tensor `out`; `_decode_flat(buf,
+    numel, dtype)` returns a 1-D tensor of `numel` elements in `dtype`.
+    """
+
+    name: str = "?"
+
+    def __init__(self) -> None:
+        self.spec = self.name
+
+    # -- accounting -------------------------------------------------------------------------
+    def nbytes(self, numel: int, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes on the wire for `numel` elements of `dtype` (computed without encoding)."""
+        raise NotImplementedError
+
+    def bytes_per_elem(self, numel: int = 1 << 20, dtype: torch.dtype = torch.bfloat16) -> float:
+        return self.nbytes(numel, dtype) / numel
+
+    # -- public API -------------------------------------------------------------------------
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> Packed:
+        """Encode `x` (any shape, bf16/fp16/fp32, CPU or CUDA) into one uint8 buffer.
+
+        `out`, if given, is a 1-D uint8 tensor of exactly `nbytes(x.numel(), x.dtype)` bytes
+        on x's device that receives the encoding (lets collectives reuse buffers).
+        """
+        check_input(x)
+        n = x.numel()
+        size = self.nbytes(n, x.dtype)
+        if out is None:
+            out = torch.empty(size, dtype=torch.uint8, device=x.device)
+        elif out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != size:
+            raise ValueError(
+                f"{self.spec}: out must be a 1-D uint8 tensor of {size} bytes, "
+                f"got {tuple(out.shape)} {out.dtype}"
+            )
+        if n:
+            self._encode_flat(self._prepare(x).reshape(-1), out)
+        return Packed(out, x.shape, x.dtype, self.spec)
+
+    def decode(self, packed: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode to a tensor of the original shape, dtype and device (written into `out` if given)."""
+        if not isinstance(packed, Packed):
+            raise TypeError(f"decode expects a Packed, got {type(packed).__name__}")
+        if packed.codec != self.spec:
+            raise ValueError(f"buffer was encoded by {packed.codec!r}, cannot decode with {self.spec!r}")
+        n = packed.numel
+        size = self.nbytes(n, packed.dtype)
+        if packed.data.dtype != torch.uint8 or packed.data.numel() != size:
+            raise ValueError(
+                f"{self.spec}: buffer holds {packed.data.numel()} bytes of {packed.data.dtype}, "
+                f"expected {size} uint8 bytes for {n} elements"
+            )
+        if n == 0:
+            y = torch.empty(packed.shape, dtype=packed.dtype, device=packed.data.device)
+        else:
+            y = self._finish(self._decode_flat(packed.data, n, packed.dtype), packed.shape)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+    def wrap(self, data: torch.Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> Packed:
+        """Rebuild a `Packed` from a received buffer; the size is checked at decode."""
+        return Packed(data, torch.Size(shape), dtype, self.spec)
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    # -- hooks for grouping layout (data-driven reshaping) ------------------------------------
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous()
+
+    def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        return y.view(shape)
+
+    # -- implementation -------------------------------------------------------------------------
+    def _encode_flat(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _decode_flat(self, buf: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<codec {self.spec}>"
+
+
+def check_input(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"codecs take float32/bfloat16/float16 tensors, got {x.dtype}: "
+            "cast with x.float() (integer tensors should travel uncompressed, codec='none')"
+        )
+
+
+def f32_view(buf: torch.Tensor) -> torch.Tensor:
+    """View uint8 bytes as fp32 (copying only if the slice is not 4-byte aligned)."""
+    if buf.storage_offset() % 4 or buf.data_ptr() % 4:
+        buf = buf.clone()
+    return buf.view(torch.float32)
+
+
+def finite_clamp(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast fp32 to `dtype`, saturating finite values at dtype's range (fp16 never overflows)."""
+    if dtype == torch.float16:
+        fmax = torch.finfo(torch.float16).max
+        y = y.clamp(-fmax, fmax)  # clamp keeps NaN
+    return y.to(dtype)

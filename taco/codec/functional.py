@@ -1,0 +1,82 @@
+"""Reference group quantizers as pure functions on [ng, G] fp32 tensors (the specification).
+
+Every codec in `codecs.py` is a thin wrapper around these; fused kernels (`taco.kernels`)
+are tested against them. Shapes: xg [ng, G] fp32; per-group scales [ng, 1] fp32.
+
+Non-finite handling (DESIGN.md section 4): a group holding NaN/Inf gets a NaN scale, so the whole
+group decodes to NaN (never 0). With all inputs finite every intermediate below is finite, so the
+check is made on the group's max after rotation, a [ng, 1] tensor that is computed anyway.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _rotate(x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+    return x if h is None else (x @ h) / math.sqrt(h.shape[0])
+
+
+def absmax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """Scale mapping a group's absmax onto qmax; 1 for all-zero groups, NaN for non-finite ones.
+
+    No clamps: the relative error is the same for groups at 1e-30 and 1e30 (fp32 range permitting).
+    """
+    s = amax / qmax
+    s = torch.where(amax > 0, s, torch.ones_like(s))
+    return torch.where(torch.isfinite(amax), s, torch.full_like(s, math.nan))
+
+
+def taco_encode(
+    xg: torch.Tensor,
+    h: torch.Tensor,
+    fp8: torch.dtype,
+    fmax: float,
+    lam: float,
+    target: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TACO encode (DESIGN.md 1.1 steps 1-4) -> (q uint8 [ng, G], s_q [ng, 1], s_a [ng, 1])."""
+    g = xg.shape[1]
+    s_a = (fmax / torch.sqrt(xg.square().mean(1, keepdim=True) + lam)).clamp(1e-3, 1e3)
+    z = (xg * s_a) @ h / math.sqrt(g)
+    amax = z.abs().amax(1, keepdim=True)
+    s_q = (amax.clamp_min(1e-12) / target).clamp(1e-12, 1e6)
+    s_q = torch.where(torch.isfinite(amax), s_q, torch.full_like(s_q, math.nan))
+    q = (z / s_q).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
+    return q, s_q, s_a
+
+
+def taco_decode(
+    q: torch.Tensor, s_q: torch.Tensor, s_a: torch.Tensor, h: torch.Tensor, fp8: torch.dtype
+) -> torch.Tensor:
+    """TACO decode (DESIGN.md 1.1 step 5): x^ = H (fp32(q) * s_q) / sqrt(G) / s_a."""
+    g = q.shape[1]
+    return (q.view(fp8).float() * s_q) @ h / math.sqrt(g) / s_a
+
+
+def fp8_encode(
+    xg: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype, fmax: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optional rotation, one absmax scale per row, saturating RNE cast -> (q uint8 [ng, G], s [ng, 1])."""
+    z = _rotate(xg, h)
+    s = absmax_scale(z.abs().amax(1, keepdim=True), fmax)
+    q = (z / s).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
+    return q, s
+
+
+def fp8_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype) -> torch.Tensor:
+    return _rotate(q.view(fp8).float() * s, h)
+
+
+def int_encode(xg: torch.Tensor, h: torch.Tensor | None, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optional rotation, absmax scale, round-half-even to ints in [-qmax, qmax] -> (q int8, s [ng, 1])."""
+    z = _rotate(xg, h)
+    s = absmax_scale(z.abs().amax(1, keepdim=True), qmax)
+    v = torch.round(z / s).clamp_(-qmax, qmax).nan_to_num_(0.0)  # NaN groups: s is NaN already
+    return v.to(torch.int8), s
+
+
+def int_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+    return _rotate(q.float() * s, h)
