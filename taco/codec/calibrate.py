@@ -81,8 +81,14 @@ def calibrate(
         bpe = nbytes / numel
         sq = math.inf if nmse == 0 else -10 * math.log10(nmse) if math.isfinite(nmse) else -math.inf
         table.append(
-            {"codec": name, "group_size": opts.get("group_size", 128), "axis": opts.get("axis", -1),
-             "sqnr_db": sq, "bytes_per_elem": bpe, "score": nmse * bpe}
+            {
+                "codec": name,
+                "group_size": opts.get("group_size", 128),
+                "axis": opts.get("axis", -1),
+                "sqnr_db": sq,
+                "bytes_per_elem": bpe,
+                "score": nmse * bpe,
+            }
         )
     ok = [r for r in table if r["bytes_per_elem"] <= max_bytes_per_elem and r["sqnr_db"] >= min_sqnr_db]
     if not ok:

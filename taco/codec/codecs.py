@@ -133,7 +133,9 @@ class GroupCodec(Codec):
         """uint8 buffer -> (payload [ng, G*bits/8], [scale [ng, 1] fp32 views])."""
         ng = (buf.numel()) // (self.group_size * self.bits // 8 + 4 * self.n_scales)
         p = ng * self.group_size * self.bits // 8
-        scales = [f32_view(buf[p + 4 * ng * i : p + 4 * ng * (i + 1)]).view(ng, 1) for i in range(self.n_scales)]
+        scales = [
+            f32_view(buf[p + 4 * ng * i : p + 4 * ng * (i + 1)]).view(ng, 1) for i in range(self.n_scales)
+        ]
         return buf[:p].view(ng, -1), scales
 
     def _fns(self, device: torch.device) -> tuple[Callable, Callable]:
@@ -235,7 +237,9 @@ class FP8GroupCodec(GroupCodec):
     name = "fp8-group"
     family = "fp8"
 
-    def __init__(self, group_size: int = 128, fmt: str = "e4m3", axis: int = -1, backend: str = "auto") -> None:
+    def __init__(
+        self, group_size: int = 128, fmt: str = "e4m3", axis: int = -1, backend: str = "auto"
+    ) -> None:
         self.fmt = fp8_format(fmt)
         super().__init__(group_size, axis, backend)
 
