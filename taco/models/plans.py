@@ -1,0 +1,117 @@
+"""Tensor-parallel plans for ``GPT`` and ``Qwen``, as data (no distribution code here).
+
+Why this file exists: the models know nothing of distribution; ``taco.parallel`` applies tensor
+parallelism by reading a plan that says, per module, how it is sharded (Megatron placement,
+arXiv 1909.08053; torchtitan's plan-dict style). Keeping the plan beside the models means a new
+model brings its own plan and the parallel code stays model-agnostic.
+
+Plan format: ``dict[str, str]`` from a module-name glob (``fnmatch.fnmatchcase`` on the full
+dotted name from ``model.named_modules()``, ``*`` also matching dots) to one style:
+
+* ``"vocab_embedding"``: ``nn.Embedding`` sharded on vocabulary rows (``tok_emb``); each rank
+  looks up its rows, zeroes the others, and the outputs are summed (all-reduce).
+* ``"colwise"``: ``nn.Linear`` with output features sharded (``q``, ``k``, ``v``, ``mlp.up``,
+  ``mlp.gate``); attention heads split evenly, so heads and key/value heads must divide by tp.
+* ``"rowwise"``: ``nn.Linear`` with input features sharded (``attn.out``, ``mlp.down``); its
+  partial outputs are summed across ranks, the bias added once.
+* ``"colwise_head"``: the output projection ``lm_head`` with vocabulary-sharded logits; when the
+  model ties embeddings its weight shard is the ``vocab_embedding`` shard.
+* ``"replicate"``: every rank holds the full module (norms, ``pos_emb``).
+
+Every module that owns parameters matches exactly one pattern (``resolve_plan`` checks this).
+
+Communication sites (``sites``): per layer ``i``, in execution order,
+``layers.{i}.attn.qkv`` (column-parallel input of q/k/v: all-reduce of the input gradient in
+backward, or all-gather in forward with sequence parallelism), ``layers.{i}.attn.out``
+(row-parallel output: all-reduce in forward, or reduce-scatter with SP), ``layers.{i}.mlp.up``
+(column-parallel input of ``up`` and, for Qwen, ``gate``, which share it) and
+``layers.{i}.mlp.down`` (row-parallel output). ``taco.comm`` appends ``.fwd``/``.bwd``.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from torch import nn
+
+from taco.models.gpt import GPT
+from taco.models.qwen import Qwen
+
+STYLES = ("vocab_embedding", "colwise", "rowwise", "colwise_head", "replicate")
+
+_COMMON = {
+    "tok_emb": "vocab_embedding",
+    "layers.*.attn_norm": "replicate",
+    "layers.*.attn.q": "colwise",
+    "layers.*.attn.k": "colwise",
+    "layers.*.attn.v": "colwise",
+    "layers.*.attn.out": "rowwise",
+    "layers.*.mlp_norm": "replicate",
+    "layers.*.mlp.up": "colwise",
+    "layers.*.mlp.down": "rowwise",
+    "norm": "replicate",
+    "lm_head": "colwise_head",
+}
+
+
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """The tensor-parallel plan of ``model`` (a fresh dict the caller may edit)."""
+    if isinstance(model, GPT):
+        return {**_COMMON, "pos_emb": "replicate"}
+    if isinstance(model, Qwen):
+        plan = {**_COMMON, "layers.*.mlp.gate": "colwise"}
+        if model.config.qk_norm:  # per-head norms act on head_dim, identical on every rank
+            plan |= {"layers.*.attn.q_norm": "replicate", "layers.*.attn.k_norm": "replicate"}
+        return plan
+    raise TypeError(f"no tensor-parallel plan for {type(model).__name__}; expected GPT or Qwen")
+
+
+def resolve_plan(model: nn.Module, plan: dict[str, str] | None = None) -> dict[str, str]:
+    """Map each module that owns parameters to its style; raise if one matches none or several."""
+    plan = tp_plan(model) if plan is None else plan
+    unknown = sorted({s for s in plan.values() if s not in STYLES})
+    if unknown:
+        raise ValueError(f"unknown tensor-parallel styles {unknown}; expected one of {STYLES}")
+    resolved: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if not any(True for _ in module.parameters(recurse=False)):
+            continue
+        hits = [pattern for pattern in plan if fnmatchcase(name, pattern)]
+        if len(hits) != 1:
+            what = "no pattern" if not hits else f"several patterns {hits}"
+            raise ValueError(f"module {name!r} matches {what} of the tensor-parallel plan")
+        resolved[name] = plan[hits[0]]
+    return resolved
+
+
+def sites(model: nn.Module) -> list[str]:
+    """Tensor-parallel communication-site base names, per layer in execution order."""
+    return [
+        f"layers.{i}.{site}"
+        for i in range(len(model.layers))
+        for site in ("attn.qkv", "attn.out", "mlp.up", "mlp.down")
+    ]
+
+
+def check_tp_size(model: nn.Module, tp: int) -> None:
+    """Raise ``ValueError`` naming the fix when ``model`` cannot be split ``tp`` ways by its plan."""
+    cfg = model.config
+    if isinstance(model, GPT):
+        dims = {"n_head": cfg.n_head, "vocab_size": cfg.vocab_size}
+    elif isinstance(model, Qwen):
+        dims = {
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads,
+            "intermediate_size": cfg.intermediate_size,
+            "vocab_size": cfg.vocab_size,
+        }
+    else:
+        raise TypeError(f"no tensor-parallel plan for {type(model).__name__}; expected GPT or Qwen")
+    if tp < 1:
+        raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
+    bad = {k: v for k, v in dims.items() if v % tp}
+    if bad:
+        raise ValueError(
+            f"{type(model).__name__} cannot be split {tp} ways: {bad} not divisible by {tp} "
+            "(choose another tp size, or pad vocab_size to a multiple of it)"
+        )
