@@ -1,0 +1,1 @@
+"""Training front end: configuration, data pipeline, trainer, checkpoints and the `taco` CLI."""
