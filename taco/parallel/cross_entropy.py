@@ -1,0 +1,64 @@
+"""Cross-entropy over vocabulary-sharded logits (Megatron's vocab-parallel loss).
+
+Logits [b, s, V/tp] never get gathered: three small all-reduces of [b, s] statistics (max, the
+target logit, the sum of exponentials) give the exact loss; plain collectives (tiny, and
+compressing a max or a log-sum-exp would change the loss itself).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx, logits, target, group):
+        rank = dist.get_rank(group)
+        v_local = logits.shape[-1]
+        start = rank * v_local
+        x = logits.float()  # [b, s, V/tp]
+        m = x.amax(-1)  # [b, s]
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        x = x - m.unsqueeze(-1)
+        outside = (target < start) | (target >= start + v_local)  # [b, s]
+        local_t = (target - start).masked_fill(outside, 0)  # [b, s]
+        picked = x.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)  # [b, s]
+        e = x.exp()  # [b, s, V/tp]
+        sum_e = e.sum(-1)  # [b, s]
+        stats = torch.stack((picked, sum_e))
+        dist.all_reduce(stats, group=group)
+        picked, sum_e = stats[0], stats[1]
+        loss = sum_e.log() - picked  # [b, s]
+        e.div_(sum_e.unsqueeze(-1))  # softmax
+        fctx.save_for_backward(e, local_t, outside)
+        fctx.dtype = logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(fctx, g):
+        softmax, local_t, outside = fctx.saved_tensors
+        grad = softmax.clone()
+        hit = (~outside).to(grad.dtype).unsqueeze(-1)
+        grad.scatter_add_(-1, local_t.unsqueeze(-1), -hit)
+        return (grad * g.unsqueeze(-1)).to(fctx.dtype), None, None
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """Per-token loss [b, s] of vocab-sharded logits [b, s, V/tp] (plain CE when tp == 1)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, -2), target.flatten(), reduction="none"
+        ).view(target.shape)
+    return _VocabParallelCE.apply(logits, target, group)
+
+
+def gather_logits(logits: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """All-gather vocab shards [b, s, V/tp] -> [b, s, V] (evaluation/generation; no gradient)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return logits
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, logits.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)

@@ -1,0 +1,95 @@
+"""Tensor-parallel layers: column/row-parallel linears and the vocab-parallel embedding.
+
+Built from a full (unsharded) module by slicing its weights, so a sharded model starts exactly
+where its single-process reference does (and HF checkpoints load full, then shard).
+Column-parallel layers do no communication themselves: their shared input enters the TP region
+once, in a pre-hook on the parent block (`apply.py`), so q/k/v (or up/gate) cost one collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .mappings import TPContext, reduce_from_tensor_parallel_region, tp_output
+
+
+def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> torch.Tensor:
+    n = t.shape[dim]
+    if n % ctx.size:
+        raise ValueError(f"{what}: size {n} along dim {dim} is not divisible by tp={ctx.size}")
+    return t.chunk(ctx.size, dim=dim)[ctx.rank].detach().clone()
+
+
+def _sharded(p: nn.Parameter) -> nn.Parameter:
+    p._taco_tp_sharded = True  # each TP rank holds a distinct slice (counted once per rank in norms)
+    return p
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_local = x W_r^T + b_r with W sharded on output features: W_r [out/tp, in]."""
+
+    def __init__(self, full: nn.Linear, ctx: TPContext, name: str = "") -> None:
+        super().__init__()
+        self.in_features = full.in_features
+        self.out_features = full.out_features // ctx.size
+        self.name = name
+        self.weight = _sharded(nn.Parameter(_shard(full.weight, 0, ctx, name)))  # [out/tp, in]
+        self.bias = _sharded(nn.Parameter(_shard(full.bias, 0, ctx, name))) if full.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # [b, s, out/tp]
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out_local={self.out_features}, site={self.name}"
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum_r x_r W_r^T + b, W sharded on input features: W_r [out, in/tp].
+
+    forward: all-reduce (reduce-scatter with SP) at site `{name}.fwd`; the bias is added once,
+    after the reduction (with SP its gradient is partial and summed by `sync_tp_partial_grads`).
+    """
+
+    def __init__(self, full: nn.Linear, ctx: TPContext, name: str = "") -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.name = name
+        self.in_features = full.in_features // ctx.size
+        self.out_features = full.out_features
+        self.weight = _sharded(nn.Parameter(_shard(full.weight, 1, ctx, name)))  # [out, in/tp]
+        self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
+        if self.bias is not None and ctx.sp:
+            self.bias._taco_tp_partial = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = tp_output(F.linear(x, self.weight), self.ctx, self.name)  # [b, s(/tp), out]
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_local={self.in_features}, out={self.out_features}, site={self.name}"
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding with vocabulary rows sharded: rank r holds rows [r V/tp, (r+1) V/tp).
+
+    forward: masked local lookup, then all-reduce at site `{name}.fwd` (ids of other ranks give 0).
+    """
+
+    def __init__(self, full: nn.Embedding, ctx: TPContext, name: str = "tok_emb") -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.name = name
+        self.num_embeddings = full.num_embeddings
+        self.weight = _sharded(nn.Parameter(_shard(full.weight, 0, ctx, f"{name} (vocab size)")))  # [V/tp, h]
+        self.start = ctx.rank * self.weight.shape[0]
+        self.end = self.start + self.weight.shape[0]
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.ctx.size == 1:
+            return F.embedding(idx, self.weight)
+        outside = (idx < self.start) | (idx >= self.end)  # [b, s]
+        local = (idx - self.start).masked_fill(outside, 0)  # [b, s]
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)  # [b, s, h]
+        return reduce_from_tensor_parallel_region(out, self.ctx, self.name)

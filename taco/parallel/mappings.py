@@ -1,0 +1,177 @@
+"""Tensor-parallel regions as autograd Functions (Megatron's mappings, arXiv 1909.08053/2205.05198).
+
+Each Function's backward calls its dual, so each pairing is written once. The collectives go
+through `taco.comm` with a named site, so the policy chooses a codec per site and the stats are
+kept per site: `{site}.fwd` for the forward collective, `{site}.bwd` for the backward one.
+Activations are [b, s, h]; sequence parallelism shards dim 1 (s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taco import comm
+
+SEQ_DIM = 1
+
+
+@dataclass
+class TPContext:
+    """What a mapping needs: the TP group, the communication policy and whether SP is on."""
+
+    group: dist.ProcessGroup | None
+    policy: Any = None
+    sp: bool = False
+    capture: Callable[[str, torch.Tensor], None] | None = None
+    """Called with (site, tensor) before each collective when set (sampling real TP tensors)."""
+
+    @property
+    def size(self) -> int:
+        return 1 if self.group is None else dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.group is None else dist.get_rank(self.group)
+
+
+def _kw(ctx: TPContext, site: str) -> dict:
+    # With a policy the policy picks the codec per site; without one, plain collectives.
+    kw: dict = {"group": ctx.group, "site": site}
+    if ctx.policy is None:
+        kw["codec"] = None
+    else:
+        kw["policy"] = ctx.policy
+    return kw
+
+
+def _all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    if ctx.capture is not None:
+        ctx.capture(site, x)
+    return comm.all_reduce(x, **_kw(ctx, site))
+
+
+def _all_gather(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    if ctx.capture is not None:
+        ctx.capture(site, x)
+    return comm.all_gather(x, dim=SEQ_DIM, **_kw(ctx, site))
+
+
+def _reduce_scatter(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    if ctx.capture is not None:
+        ctx.capture(site, x)
+    return comm.reduce_scatter(x, dim=SEQ_DIM, **_kw(ctx, site))
+
+
+def _split(x: torch.Tensor, ctx: TPContext) -> torch.Tensor:
+    s = x.shape[SEQ_DIM]
+    if s % ctx.size:
+        raise ValueError(f"sequence parallelism needs the sequence length ({s}) divisible by tp ({ctx.size})")
+    return x.chunk(ctx.size, dim=SEQ_DIM)[ctx.rank].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    """forward: identity; backward: all-reduce."""
+
+    @staticmethod
+    def forward(fctx, x, ctx, site):
+        fctx.ctx, fctx.site = ctx, site
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(fctx, g):
+        return _all_reduce(g, fctx.ctx, fctx.site + ".bwd"), None, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """forward: all-reduce; backward: identity."""
+
+    @staticmethod
+    def forward(fctx, x, ctx, site):
+        return _all_reduce(x, ctx, site + ".fwd")
+
+    @staticmethod
+    def backward(fctx, g):
+        return g, None, None
+
+
+class _ScatterToSP(torch.autograd.Function):
+    """forward: keep this rank's sequence slice; backward: all-gather (dim 1)."""
+
+    @staticmethod
+    def forward(fctx, x, ctx, site):
+        fctx.ctx, fctx.site = ctx, site
+        return _split(x, ctx)
+
+    @staticmethod
+    def backward(fctx, g):
+        return _all_gather(g, fctx.ctx, fctx.site + ".bwd"), None, None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    """forward: all-gather (dim 1); backward: reduce-scatter (dim 1)."""
+
+    @staticmethod
+    def forward(fctx, x, ctx, site):
+        fctx.ctx, fctx.site = ctx, site
+        return _all_gather(x, ctx, site + ".fwd")
+
+    @staticmethod
+    def backward(fctx, g):
+        return _reduce_scatter(g, fctx.ctx, fctx.site + ".bwd"), None, None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    """forward: reduce-scatter (dim 1); backward: all-gather (dim 1)."""
+
+    @staticmethod
+    def forward(fctx, x, ctx, site):
+        fctx.ctx, fctx.site = ctx, site
+        return _reduce_scatter(x, ctx, site + ".fwd")
+
+    @staticmethod
+    def backward(fctx, g):
+        return _all_gather(g, fctx.ctx, fctx.site + ".bwd"), None, None
+
+
+def copy_to_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """forward: identity, backward: all-reduce. Input of column-parallel layers without SP."""
+    return x if ctx.size == 1 else _CopyToTP.apply(x, ctx, site)
+
+
+def reduce_from_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """forward: all-reduce, backward: identity. Output of row-parallel layers without SP."""
+    return x if ctx.size == 1 else _ReduceFromTP.apply(x, ctx, site)
+
+
+def scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """forward: split along s, backward: all-gather (dim 1). Entry into the SP region."""
+    return x if ctx.size == 1 else _ScatterToSP.apply(x, ctx, site)
+
+
+def gather_from_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """forward: all-gather (dim 1), backward: reduce-scatter (dim 1). Input of column-parallel with SP."""
+    return x if ctx.size == 1 else _GatherFromSP.apply(x, ctx, site)
+
+
+def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """forward: reduce-scatter (dim 1), backward: all-gather (dim 1). Output of row-parallel with SP."""
+    return x if ctx.size == 1 else _ReduceScatterToSP.apply(x, ctx, site)
+
+
+def tp_input(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """Enter a column-parallel block: all-gather with SP, else identity (all-reduce in backward)."""
+    if ctx.sp:
+        return gather_from_sequence_parallel_region(x, ctx, site)
+    return copy_to_tensor_parallel_region(x, ctx, site)
+
+
+def tp_output(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    """Leave a row-parallel block: reduce-scatter with SP, else all-reduce."""
+    if ctx.sp:
+        return reduce_scatter_to_sequence_parallel_region(x, ctx, site)
+    return reduce_from_tensor_parallel_region(x, ctx, site)

@@ -1,0 +1,127 @@
+"""Apply tensor (and sequence) parallelism to a plain model by its plan (torchtitan-style).
+
+`apply_tensor_parallel(model, plan, dims, policy)` swaps modules in place by style (see
+`taco.models.plans`) and adds the region entries as forward pre-hooks:
+- each block whose children are column-parallel (attn: q/k/v; mlp: up/gate) enters the TP region
+  once: site `layers.{i}.attn.qkv` / `layers.{i}.mlp.up` (all-reduce in backward; with SP an
+  all-gather forward and a reduce-scatter backward);
+- row-parallel outputs leave it: site `layers.{i}.attn.out` / `layers.{i}.mlp.down`;
+- with SP, the first layer's input is split along the sequence (site `layers.0.in`) and the
+  head's input is gathered back (site `lm_head`).
+Parameters whose gradient is partial on each TP rank (norms inside the SP region, row-parallel
+biases with SP, per-head q/k norms) are marked; `sync_tp_partial_grads` sums them after backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .dims import ParallelDims
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .mappings import TPContext, scatter_to_sequence_parallel_region, tp_input
+
+
+def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _check_heads(model: nn.Module, tp: int) -> None:
+    cfg = getattr(model, "config", None)
+    for field in ("n_head", "num_attention_heads", "num_key_value_heads"):
+        n = getattr(cfg, field, None)
+        if n is not None and n % tp:
+            raise ValueError(
+                f"model.{field}={n} is not divisible by tp={tp}: choose tp dividing the number of heads"
+            )
+
+
+def _input_site(parent: str, children: list[str]) -> str:
+    return f"{parent}.qkv" if "q" in children else f"{parent}.{children[0]}"
+
+
+def apply_tensor_parallel(
+    model: nn.Module,
+    plan: dict[str, str] | None,
+    dims: ParallelDims | TPContext,
+    policy: Any = None,
+) -> nn.Module:
+    """Shard `model` (built full, identically on every TP rank) in place; returns it.
+
+    `dims`: a built `ParallelDims` (its TP group and `sp` are used) or a ready `TPContext`.
+    `policy`: a `taco.comm.CommPolicy` choosing the codec per site (None: plain collectives).
+    """
+    from taco.models.plans import resolve_plan  # models reach parallel only through plans
+
+    ctx = dims if isinstance(dims, TPContext) else TPContext(dims.group("tp"), policy, dims.sp)
+    if policy is not None:
+        ctx.policy = policy
+    model._taco_tp = ctx
+    if ctx.size == 1:
+        return model
+    _check_heads(model, ctx.size)
+    styles = resolve_plan(model, plan)
+    tied = {}
+    col_children: dict[str, list[str]] = {}
+    for name, style in styles.items():
+        mod = model.get_submodule(name)
+        if style == "vocab_embedding":
+            new = VocabParallelEmbedding(mod, ctx, name)
+            tied[id(mod.weight)] = new.weight
+        elif style == "colwise":
+            new = ColumnParallelLinear(mod, ctx, name)
+            parent, _, child = name.rpartition(".")
+            col_children.setdefault(parent, []).append(child)
+        elif style == "colwise_head":
+            new = ColumnParallelLinear(mod, ctx, name)
+            if id(mod.weight) in tied:  # tied embeddings: share the vocab shard itself
+                new.weight = tied[id(mod.weight)]
+            new.register_forward_pre_hook(lambda m, a, n=name: (tp_input(a[0], ctx, n), *a[1:]))
+        elif style == "rowwise":
+            new = RowParallelLinear(mod, ctx, name)
+        else:  # replicate
+            continue
+        _set_module(model, name, new)
+    for parent, children in col_children.items():
+        site = _input_site(parent, children)
+        model.get_submodule(parent).register_forward_pre_hook(
+            lambda m, a, s=site: (tp_input(a[0], ctx, s), *a[1:])
+        )
+    for name, style in styles.items():
+        if style != "replicate":
+            continue
+        parent = name.rpartition(".")[0]
+        in_sp_region = name.startswith("layers.") or name == "norm"
+        if parent in col_children or (ctx.sp and in_sp_region):
+            for p in model.get_submodule(name).parameters():
+                p._taco_tp_partial = True
+    if ctx.sp:
+        first = model.get_submodule("layers.0")
+        first.register_forward_pre_hook(
+            lambda m, a: (scatter_to_sequence_parallel_region(a[0], ctx, "layers.0.in"), *a[1:])
+        )
+    return model
+
+
+def tp_partial_params(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if getattr(p, "_taco_tp_partial", False)]
+
+
+def sync_tp_partial_grads(model: nn.Module) -> None:
+    """Sum, over the TP group, the gradients that each rank holds only a part of (plain all-reduce)."""
+    ctx: TPContext | None = getattr(model, "_taco_tp", None)
+    if ctx is None or ctx.size == 1:
+        return
+    grads = [p.grad for p in tp_partial_params(model) if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    dist.all_reduce(flat, group=ctx.group)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off : off + g.numel()].view_as(g))
+        off += g.numel()
