@@ -1,0 +1,33 @@
+"""Compressed collectives on stock torch.distributed (DESIGN.md 1.3; gloo on CPU, NCCL on GPU).
+
+    y = taco.comm.all_reduce(x, group, codec="taco")              # two-shot, fp32 sums
+    y = taco.comm.all_gather(x, group, dim=0)                     # concatenation along dim
+    y = taco.comm.reduce_scatter(x, group, dim=0)                 # sum, then this rank's slice
+    taco.comm.send(x, dst); y = taco.comm.recv(like, src)         # pipeline activations
+    policy = taco.comm.CommPolicy(overrides={"layers.*.mlp.down.fwd": "none"}, min_bytes=1 << 16)
+    y = taco.comm.all_reduce(x, group, site="layers.0.attn.out.fwd", policy=policy)
+    print(policy.stats.summary())
+
+codec=None/"none" is the plain torch.distributed collective, bit-identical.
+"""
+
+from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter
+from .handles import Handle
+from .p2p import recv, send
+from .policy import BufferCache, CommPolicy, make_codec
+from .stats import CommStats, SiteStats
+
+__all__ = [
+    "DEFAULT_CODEC",
+    "BufferCache",
+    "CommPolicy",
+    "CommStats",
+    "Handle",
+    "SiteStats",
+    "all_gather",
+    "all_reduce",
+    "make_codec",
+    "recv",
+    "reduce_scatter",
+    "send",
+]

@@ -1,0 +1,291 @@
+"""Compressed collectives on stock torch.distributed: all_reduce, all_gather, reduce_scatter, send, recv.
+
+Why this file exists: it is the public face of `taco.comm` (DESIGN.md 2.1). Each function picks a
+codec (argument, or the policy when `codec` is left at its default), validates, and runs either
+the plain torch.distributed collective (codec None/"none": bit-identical, on a copy) or the
+compressed algorithm of `compressed.py`. Inputs are never modified; results are new tensors in
+the input dtype. A group of one rank returns a copy without communicating or quantizing.
+Inputs the compressed path cannot serve (float64, sparse) take the plain collective with one
+`taco.comm` log line per (site, reason).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import zlib
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..codec import Codec
+from ..codec.base import FLOAT_DTYPES
+from .compressed import Ctx, all_gather_into, all_gather_steps, all_reduce_steps, reduce_scatter_steps
+from .handles import Handle, Steps
+from .policy import BufferCache, CodecSpec, CommPolicy, make_codec
+from .stats import Clock
+
+log = logging.getLogger("taco.comm")
+Group = dist.ProcessGroup | None
+
+
+class _DefaultCodec(str):
+    """The default `codec` argument: "taco", except that a given policy decides instead."""
+
+
+DEFAULT_CODEC = _DefaultCodec("taco")
+# (site, reason) pairs already logged by calls made without a policy (log de-duplication only;
+# calls with a policy de-duplicate in the policy).
+_LOGGED_WITHOUT_POLICY: set[tuple[str, str]] = set()
+
+
+@functools.lru_cache(maxsize=64)
+def _named_codec(spec: str) -> Codec | None:
+    return make_codec(spec)
+
+
+class _Call:
+    """One call's resolved arguments: group facts, codec, statistics and buffers."""
+
+    def __init__(
+        self,
+        op: str,
+        x: torch.Tensor,
+        group: Group,
+        codec: CodecSpec,
+        site: str | None,
+        policy: CommPolicy | None,
+    ) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"taco.comm.{op}: expected a torch.Tensor, got {type(x).__name__}")
+        if policy is not None and not isinstance(policy, CommPolicy):
+            raise TypeError(f"policy must be a taco.comm.CommPolicy, got {type(policy).__name__}")
+        self.op, self.x, self.group, self.policy = op, x, group, policy
+        self.name = site or op
+        if policy is not None and codec is DEFAULT_CODEC:
+            self.codec = policy.codec_for(site, x.numel(), x.dtype)
+        else:
+            self.codec = _named_codec(codec) if isinstance(codec, str) else make_codec(codec)
+        if self.codec is not None and not x.is_floating_point():
+            raise TypeError(
+                f"taco.comm.{op} (site {self.name!r}): codec {self.codec.spec!r} compresses float "
+                f"tensors, got {x.dtype}; send integer/bool/complex tensors uncompressed with "
+                "codec='none' (or a policy override for this site)"
+            )
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError(f"taco.comm.{op}: this rank is not a member of the given group")
+        self.site = policy.stats.site(self.name) if policy is not None else None
+        if self.site is not None:
+            self.site.calls += 1
+        self.clock = policy.stats.clock(self.site, x.device) if policy else Clock(None, False, x.device)
+        if self.codec is not None and x.dtype not in FLOAT_DTYPES:
+            self.fallback(f"dtype {x.dtype} is not supported by the codecs")
+        elif self.codec is not None and x.layout != torch.strided:
+            self.fallback(f"layout {x.layout} is not supported by the codecs")
+
+    def fallback(self, reason: str) -> None:
+        """Use the plain collective for this call; log once per (site, reason)."""
+        self.codec = None
+        if self.site is not None:
+            self.site.fallbacks += 1
+        key = (self.name, reason)
+        if self.policy is not None:
+            first = self.policy.log_once(key)
+        else:
+            first = key not in _LOGGED_WITHOUT_POLICY
+            _LOGGED_WITHOUT_POLICY.add(key)
+        if first:
+            log.warning("taco.comm.%s site %r: %s; using the plain collective", self.op, self.name, reason)
+
+    def check_same(self, extra: str = "") -> None:
+        """Raise ValueError on every rank if shapes/dtypes/codecs differ across ranks (opt-in check)."""
+        if not self.wants_check() or self.world == 1:
+            return
+        desc = self.describe(extra)
+        mine = torch.tensor([zlib.crc32(desc.encode())], dtype=torch.int64, device=self.x.device)
+        every = torch.empty(self.world, dtype=torch.int64, device=self.x.device)
+        all_gather_into(every, mine, group=self.group)
+        if bool((every != every[0]).any()):
+            descs: list = [None] * self.world
+            dist.all_gather_object(descs, desc, group=self.group)
+            lines = "; ".join(f"rank {i}: {d}" for i, d in enumerate(descs))
+            raise ValueError(f"taco.comm.{self.op}: ranks disagree on the message ({lines})")
+
+    def wants_check(self) -> bool:
+        if self.policy is not None:
+            return self.policy.wants_size_check(self.x.device)
+        return self.x.device.type != "cuda"
+
+    def describe(self, extra: str = "") -> str:
+        codec = self.codec.spec if self.codec is not None else "none"
+        return f"shape={tuple(self.x.shape)} dtype={self.x.dtype} codec={codec}{extra}"
+
+    def account(self, raw: int, wire: int | None = None) -> None:
+        """Add raw bytes, and wire bytes (default: raw for the plain path; the compressed path
+        counts what it sends as it sends it)."""
+        if self.site is not None:
+            self.site.raw_bytes += raw
+            self.site.wire_bytes += wire if wire is not None else raw if self.codec is None else 0
+
+    def ctx(self) -> Ctx:
+        buffers = self.policy.buffers if self.policy is not None else BufferCache(reuse=False)
+        return Ctx(self.group, self.world, self.rank, self.codec, self.name, self.site, self.clock, buffers)
+
+    def run(self, steps: Steps | torch.Tensor, async_op: bool) -> torch.Tensor | Handle:
+        """Start the steps (or wrap a ready result); the handle, or its result when not async."""
+        h = Handle(result=steps) if isinstance(steps, torch.Tensor) else Handle.start(steps)
+        if self.site is not None:
+            h.then(self.site.note_result)
+        return h if async_op else h.wait()
+
+    def issue(self, start: Callable[[], dist.Work], result: torch.Tensor) -> Steps:
+        """Steps of a plain collective: issue asynchronously, then wait."""
+        with self.clock("comm_s"):
+            work = start()
+        yield
+        with self.clock("comm_s"):
+            work.wait()
+        return result
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _then(steps: Steps, fn: Callable[[torch.Tensor], torch.Tensor]) -> Steps:
+    return fn((yield from steps))
+
+
+def _dim(op: str, x: torch.Tensor, dim: int) -> int:
+    if x.dim() == 0:
+        raise ValueError(f"taco.comm.{op} needs a tensor with at least one dimension; use x.reshape(1)")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"taco.comm.{op}: dim={dim} is out of range for a {x.dim()}-d tensor")
+    return dim % x.dim()
+
+
+def _bytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def all_reduce(
+    x: torch.Tensor,
+    group: Group = None,
+    codec: CodecSpec = DEFAULT_CODEC,
+    async_op: bool = False,
+    *,
+    site: str | None = None,
+    policy: CommPolicy | None = None,
+    slices: int | None = None,
+) -> torch.Tensor | Handle:
+    """Sum of x over the group's ranks, the same on every rank (DESIGN.md 1.3, two-shot).
+
+    x: any shape, bf16/fp16/fp32 (others go plain) -> a new tensor of x's shape and dtype.
+    `slices=k` pipelines k slices (encode of slice i+1 and decode of i-1 overlap slice i's
+    transfer); default: the policy's `slices`, else 1. Slicing never changes the result.
+    Measured default (`python -m taco.bench.comm`, 2 gloo ranks on lo capped by tc, 16 MiB bf16):
+    see `CommPolicy.slices`; unsliced stays the default because on a CPU-bound codec the gain
+    depends on spare cores.
+    """
+    call = _Call("all_reduce", x, group, codec, site, policy)
+    k = slices if slices is not None else (policy.slices if policy is not None else 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"slices must be an int >= 1, got {slices!r}")
+    if call.world == 1:
+        return call.run(_copy(x), async_op)
+    call.check_same(f" slices={k}" if call.codec is not None else "")
+    n = call.world
+    call.account(2 * (n - 1) * _bytes(x) // n)
+    if call.codec is None:
+        out = _copy(x)
+        return call.run(call.issue(lambda: dist.all_reduce(out, group=group, async_op=True), out), async_op)
+    if x.numel() == 0:
+        return call.run(_copy(x), async_op)
+    # Codecs that group along another axis (data-driven reshaping) see that axis last in memory.
+    axis = getattr(call.codec, "axis", -1) % max(x.dim(), 1)
+    moved = x.dim() >= 2 and axis != x.dim() - 1
+    xm = x.movedim(axis, -1) if moved else x
+    src = xm.reshape(-1)
+    dst = torch.empty(src.numel(), dtype=x.dtype, device=x.device)
+
+    def shape_back(flat: torch.Tensor) -> torch.Tensor:
+        y = flat.view(xm.shape)
+        return y.movedim(-1, axis).contiguous() if moved else y
+
+    return call.run(_then(all_reduce_steps(call.ctx(), src, dst, k), shape_back), async_op)
+
+
+def all_gather(
+    x: torch.Tensor,
+    group: Group = None,
+    codec: CodecSpec = DEFAULT_CODEC,
+    dim: int = 0,
+    *,
+    async_op: bool = False,
+    site: str | None = None,
+    policy: CommPolicy | None = None,
+) -> torch.Tensor | Handle:
+    """Concatenation along dim of every rank's x (equal shapes), the same on every rank.
+
+    x: [..., s, ...] -> [..., N*s, ...]; rank r's shard at [r*s, (r+1)*s) along dim (decoded,
+    own shard included, so every rank holds the same values).
+    """
+    call = _Call("all_gather", x, group, codec, site, policy)
+    d = _dim("all_gather", x, dim)
+    if call.world == 1:
+        return call.run(_copy(x), async_op)
+    call.check_same(f" dim={d}")
+    n = call.world
+    call.account((n - 1) * _bytes(x))
+    shape = list(x.shape)
+    shape[d] *= n
+    if call.codec is None:
+        xt = x.movedim(d, 0).contiguous()
+        out = torch.empty((n * xt.shape[0], *xt.shape[1:]), dtype=x.dtype, device=x.device)
+        steps = call.issue(lambda: all_gather_into(out, xt, group=group, async_op=True), out)
+        return call.run(_then(steps, lambda y: y.movedim(0, d).contiguous() if d else y), async_op)
+    if x.numel() == 0:
+        return call.run(x.new_empty(shape), async_op)
+    return call.run(all_gather_steps(call.ctx(), x, d), async_op)
+
+
+def reduce_scatter(
+    x: torch.Tensor,
+    group: Group = None,
+    codec: CodecSpec = DEFAULT_CODEC,
+    dim: int = 0,
+    *,
+    async_op: bool = False,
+    site: str | None = None,
+    policy: CommPolicy | None = None,
+) -> torch.Tensor | Handle:
+    """Sum over ranks, then this rank's slice along dim (x.shape[dim] divisible by N).
+
+    x: [..., N*m, ...] -> [..., m, ...] = rows [r*m, (r+1)*m) of the sum. The rank's own piece
+    enters the fp32 sum exact; the N-1 others are decoded.
+    """
+    call = _Call("reduce_scatter", x, group, codec, site, policy)
+    d = _dim("reduce_scatter", x, dim)
+    n = call.world
+    if x.shape[d] % n:
+        raise ValueError(
+            f"taco.comm.reduce_scatter: x.shape[{d}] = {x.shape[d]} is not divisible by the group "
+            f"size {n}; pad it to a multiple of {n}"
+        )
+    if n == 1:
+        return call.run(_copy(x), async_op)
+    call.check_same(f" dim={d}")
+    call.account((n - 1) * _bytes(x) // n)
+    shape = list(x.shape)
+    shape[d] //= n
+    if call.codec is None:
+        xt = x.movedim(d, 0).contiguous()
+        out = torch.empty((xt.shape[0] // n, *xt.shape[1:]), dtype=x.dtype, device=x.device)
+        steps = call.issue(lambda: dist.reduce_scatter_tensor(out, xt, group=group, async_op=True), out)
+        return call.run(_then(steps, lambda y: y.movedim(0, d).contiguous() if d else y), async_op)
+    if x.numel() == 0:
+        return call.run(x.new_empty(shape), async_op)
+    return call.run(reduce_scatter_steps(call.ctx(), x, d), async_op)

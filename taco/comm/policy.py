@@ -1,0 +1,159 @@
+"""Which codec each call site uses, and the state a run of collectives keeps between calls.
+
+Why this file exists: TP traffic differs per site (DESIGN.md 1.3-1.4): a down-projection gradient
+may need "none" while attention outputs take "taco", and messages below a size are cheaper
+uncompressed. A `CommPolicy` holds that decision (default codec, fnmatch overrides, `min_bytes`,
+`slices`) together with its `CommStats` and a `BufferCache`; nothing is global, so two policies
+can coexist in one process (e.g. a TP policy and a PP policy).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..codec import Codec, NoneCodec, get_codec
+from .stats import CommStats
+
+CodecSpec = str | Codec | None
+"""A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""
+
+
+def _parse_value(v: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(v.lower(), v)
+
+
+def make_codec(spec: CodecSpec, options: dict[str, Any] | None = None) -> Codec | None:
+    """Build the codec a spec names; None for no compression ("none", None or a NoneCodec).
+
+    Unknown names raise ValueError listing the choices (from `taco.get_codec`).
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, Codec):
+        return None if isinstance(spec, NoneCodec) else spec
+    if not isinstance(spec, str):
+        raise TypeError(f"codec must be a name, a Codec or None, got {type(spec).__name__}")
+    opts = dict(options or {})
+    name = spec.strip()
+    if name.endswith(")") and "(" in name:  # "taco(group_size=64,fmt=e4m3)", as Codec.spec prints
+        name, _, args = name[:-1].partition("(")
+        for item in filter(None, (a.strip() for a in args.split(","))):
+            key, eq, val = item.partition("=")
+            if not eq:
+                raise ValueError(f"codec spec {spec!r}: options are key=value, got {item!r}")
+            opts.setdefault(key.strip(), _parse_value(val.strip()))
+    if name == "none":
+        return None
+    codec = get_codec(name, **opts)
+    return None if isinstance(codec, NoneCodec) else codec
+
+
+class BufferCache:
+    """uint8 send/receive buffers reused across calls, keyed by (site, role, nbytes, device).
+
+    A call `take`s its buffers and `give`s them back once its transfers are waited on, so a
+    repeated call of the same site and size allocates nothing, and two calls in flight at once
+    (async handles, slices) never share a buffer. On CUDA a buffer returns to the cache after the
+    host has enqueued its last use; the next user enqueues on the same (current) stream, after it.
+    `allocated_bytes` counts every byte this cache ever allocated (the extra memory of the calls).
+    """
+
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
+        self.allocated_bytes = 0
+        self.allocations = 0
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+
+    def take(self, key: tuple, nbytes: int, device: torch.device) -> torch.Tensor:
+        free = self._free.get((*key, nbytes, str(device)))
+        if free:
+            return free.pop()
+        self.allocated_bytes += nbytes
+        self.allocations += 1
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def give(self, key: tuple, buf: torch.Tensor) -> None:
+        if self.reuse:
+            self._free.setdefault((*key, buf.numel(), str(buf.device)), []).append(buf)
+
+    def cached_bytes(self) -> int:
+        return sum(b.numel() for bufs in self._free.values() for b in bufs)
+
+    def clear(self) -> None:
+        self._free.clear()
+
+
+@dataclass
+class CommPolicy:
+    """Per-site codec choice for `taco.comm` calls made with `policy=...` and `codec` left default.
+
+    CommPolicy(codec="taco", overrides={"layers.*.mlp.down.fwd": "none"}, min_bytes=1 << 16)
+    """
+
+    codec: CodecSpec = "taco"
+    """default codec: a name, a spec string "taco(group_size=64)", a Codec, or None/"none"."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """keyword options of the default codec, e.g. {"group_size": 64, "fmt": "e4m3"}"""
+    overrides: dict[str, CodecSpec] = field(default_factory=dict)
+    """site glob (fnmatch) -> codec spec; the first matching glob, in insertion order, wins"""
+    min_bytes: int = 0
+    """messages smaller than this (input bytes) use the plain collective"""
+    slices: int = 1
+    """default number of pipelined slices of a compressed all-reduce (see `all_reduce`)"""
+    check_sizes: bool | None = None
+    """exchange shape/dtype/codec before each call and raise ValueError on a mismatch across
+    ranks (gloo would abort the process): one extra tiny collective per call, and a host sync
+    on CUDA. None: on for CPU tensors, off for CUDA."""
+    stats: CommStats = field(default_factory=CommStats)
+    """per-site statistics of the calls made with this policy"""
+    buffers: BufferCache = field(default_factory=BufferCache)
+    """send/receive buffers reused across calls"""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int) or self.min_bytes < 0:
+            raise ValueError(f"min_bytes must be an int >= 0, got {self.min_bytes!r}")
+        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
+            raise ValueError(f"slices must be an int >= 1, got {self.slices!r}")
+        # Build every codec now: a typo fails at construction, not at the first call of a site.
+        self._default = make_codec(self.codec, self.options)
+        self._overrides = [(glob, make_codec(spec)) for glob, spec in self.overrides.items()]
+        self._logged: set[tuple[str, str]] = set()
+
+    def codec_for(self, site: str | None, numel: int, dtype: torch.dtype) -> Codec | None:
+        """The codec for one message of `numel` elements of `dtype` at `site` (None: plain)."""
+        codec = self._default
+        name = site or ""
+        for glob, c in self._overrides:
+            if fnmatch.fnmatchcase(name, glob):
+                codec = c
+                break
+        if codec is not None and numel * dtype.itemsize < self.min_bytes:
+            return None
+        return codec
+
+    def wants_size_check(self, device: torch.device) -> bool:
+        return self.check_sizes if self.check_sizes is not None else device.type != "cuda"
+
+    def log_once(self, key: tuple[str, str]) -> bool:
+        """True the first time (site, reason) is seen by this policy."""
+        if key in self._logged:
+            return False
+        self._logged.add(key)
+        return True
+
+    def describe(self) -> str:
+        codec = self._default.spec if self._default is not None else "none"
+        over = ", ".join(f"{g}: {c.spec if c else 'none'}" for g, c in self._overrides)
+        return (
+            f"CommPolicy(codec={codec}, overrides={{{over}}}, min_bytes={self.min_bytes}, "
+            f"slices={self.slices})"
+        )
