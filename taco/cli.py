@@ -1,0 +1,46 @@
+"""The `taco` console script: train, compare, bench, data (DESIGN.md 2.2).
+
+Each subcommand's module adds its own arguments; heavy imports happen only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="taco", description="TACO-TP: compressed tensor-parallel communication for LLM training"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    from taco.train.cli import add_compare_subparser, add_train_subparser
+
+    add_train_subparser(sub)
+    add_compare_subparser(sub)
+
+    bench = sub.add_parser("bench", help="benchmarks: codec, comm, cluster")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    from taco.bench import add_bench_subparsers
+
+    add_bench_subparsers(bsub)
+
+    from taco.train.data import add_data_subparser
+
+    add_data_subparser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command not in ("train", "compare"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
