@@ -6,6 +6,7 @@ state, step and the mesh it was written with; `latest` names the newest complete
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,21 @@ def save_checkpoint(out_dir: str | Path, step: int, rank: int, state: dict[str, 
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
+        (d / "meta.json").write_text(json.dumps({"step": step, "mesh": state.get("mesh", {})}))
         (Path(out_dir) / "checkpoints" / "latest").write_text(d.name)
     return d
+
+
+def check_mesh(step_dir: Path, mesh: dict[str, int]) -> None:
+    """Raise ValueError (at start-up, before any rank starts) if the checkpoint's mesh differs."""
+    meta = step_dir / "meta.json"
+    saved = json.loads(meta.read_text())["mesh"] if meta.is_file() else mesh
+    if saved != mesh:
+        diff = ", ".join(f"{k}={saved.get(k)} (now {v})" for k, v in mesh.items() if saved.get(k) != v)
+        raise ValueError(
+            f"checkpoint {step_dir} was written with a different mesh: {diff}; resume with the same "
+            "parallel.dp/pp/tp/sp, or start fresh (train.resume=false)"
+        )
 
 
 def find_checkpoint(resume: bool | str, out_dir: str | Path) -> Path | None:
@@ -47,12 +61,5 @@ def load_checkpoint(step_dir: Path, rank: int, mesh: dict[str, int]) -> dict[str
     f = step_dir / f"rank{rank}.pt"
     if not f.is_file():
         raise FileNotFoundError(f"{f} missing: the checkpoint was written by fewer ranks than this run has")
-    state = torch.load(f, map_location="cpu", weights_only=False)
-    saved = state.get("mesh", {})
-    if saved != mesh:
-        diff = ", ".join(f"{k}={saved.get(k)} (now {v})" for k, v in mesh.items() if saved.get(k) != v)
-        raise ValueError(
-            f"checkpoint {step_dir} was written with a different mesh: {diff}; resume with the same "
-            "parallel.dp/pp/tp/sp, or start fresh (train.resume=false)"
-        )
-    return state
+    check_mesh(step_dir, mesh)
+    return torch.load(f, map_location="cpu", weights_only=False)

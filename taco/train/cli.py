@@ -36,7 +36,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     try:
         launch(cfg)
-    except FileNotFoundError as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"taco train: {e}", file=sys.stderr)
         return 2
     return 0

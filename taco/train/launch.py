@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from taco.parallel import ParallelDims
+from taco.train.checkpoint import check_mesh, find_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import resolve_data_dir
 
@@ -80,8 +81,6 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     p = cfg.parallel
-    if p.pp > 1:
-        raise NotImplementedError("parallel.pp > 1 (pipeline parallelism) is not available yet: set pp=1")
     dims = ParallelDims(dp=p.dp, pp=p.pp, tp=p.tp, sp=p.sp).build()
     log = rank == 0
     trainer = Trainer(cfg, dims, data_dir, log)
@@ -189,6 +188,12 @@ def launch(cfg: Config) -> dict[str, Any]:
     if not cfg.train.out_dir:
         cfg.train.out_dir = str(Path("runs") / (cfg.train.name or "run"))
     world = cfg.parallel.world_size
+    p = cfg.parallel
+    if p.pp > 1:
+        raise ValueError("parallel.pp > 1 (pipeline parallelism) is not available yet: set parallel.pp=1")
+    resume_dir = find_checkpoint(cfg.train.resume, cfg.train.out_dir)
+    if resume_dir is not None:
+        check_mesh(resume_dir, {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)})
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
         dist.init_process_group(_backend(cfg), timeout=datetime.timedelta(seconds=300))
         if dist.get_world_size() != world:

@@ -114,7 +114,9 @@ class Trainer:
         t = cfg.train
         self.train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
         self.val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
-        vocab = cfg.model.vocab_size or self.train_ds.vocab_size
+        # Megatron-style padding: a multiple of 128 shards evenly for any tp <= 128 and keeps the
+        # model identical across TP sizes (the extra rows are never targets and learn to stay low).
+        vocab = cfg.model.vocab_size or -(-self.train_ds.vocab_size // 128) * 128
         self.policy = build_policy(cfg)
         self.model = apply_tensor_parallel(build_model(cfg, vocab), None, dims, self.policy)
         self.tp_group = dims.group("tp")
