@@ -32,13 +32,26 @@ from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix
 # (codec family, backend) -> (encode_fn, decode_fn) with the signatures of `functional`'s pair.
 # `taco.kernels` registers "compile" and "triton" here; the codec never imports kernels itself.
 _BACKENDS: dict[tuple[str, str], tuple[Callable, Callable]] = {}
+# Optional wire-level pair of a backend: encode_into(codec, x_flat, out) -> bool and
+# decode_from(codec, buf, numel, dtype) -> Tensor | None, straight between the input dtype and
+# the wire bytes; False/None declines (e.g. an unsupported device) and the pair above is used.
+_WIRE: dict[tuple[str, str], tuple[Callable, Callable]] = {}
 _AUTO: dict[str, list[str]] = {"cpu": [], "cuda": []}
 BACKENDS = ("auto", "eager", "compile", "triton")
 
 
-def register_backend(family: str, backend: str, encode: Callable, decode: Callable) -> None:
-    """Make `backend` available for codec `family` ("taco", "fp8", "int")."""
+def register_backend(
+    family: str,
+    backend: str,
+    encode: Callable,
+    decode: Callable,
+    encode_into: Callable | None = None,
+    decode_from: Callable | None = None,
+) -> None:
+    """Make `backend` available for codec `family` ("taco", "fp8", "int"), optionally wire-level."""
     _BACKENDS[(family, backend)] = (encode, decode)
+    if encode_into is not None and decode_from is not None:
+        _WIRE[(family, backend)] = (encode_into, decode_from)
 
 
 def set_auto_backends(device_type: str, order: list[str]) -> None:
@@ -138,20 +151,27 @@ class GroupCodec(Codec):
         ]
         return buf[:p].view(ng, -1), scales
 
-    def _fns(self, device: torch.device) -> tuple[Callable, Callable]:
+    def _backend(self, device: torch.device) -> str:
+        """The registered backend serving `device` ("eager" when none)."""
         order = _AUTO.get(device.type, []) if self.backend == "auto" else [self.backend]
         for b in order:
             if (self.family, b) in _BACKENDS:
-                return _BACKENDS[(self.family, b)]
+                return b
         if self.backend not in ("auto", "eager"):
             raise ValueError(
                 f"{self.spec}: backend {self.backend!r} is not available for {self.family} codecs "
                 f"(import taco.kernels; triton needs a GPU); use backend='eager' or 'auto'"
             )
-        return self._eager
+        return "eager"
+
+    def _fns(self, device: torch.device) -> tuple[Callable, Callable]:
+        return _BACKENDS.get((self.family, self._backend(device)), self._eager)
 
     # -- encode / decode ------------------------------------------------------------------------
     def _encode_flat(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        wire = _WIRE.get((self.family, self._backend(x.device)))
+        if wire is not None and wire[0](self, x, out):
+            return
         g = self.group_size
         ng = self.groups(x.numel())
         xf = x.float()
@@ -167,6 +187,10 @@ class GroupCodec(Codec):
             out[p + 4 * ng * i : p + 4 * ng * (i + 1)].copy_(si.reshape(-1).view(torch.uint8))
 
     def _decode_flat(self, buf: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        wire = _WIRE.get((self.family, self._backend(buf.device)))
+        y = None if wire is None else wire[1](self, buf, numel, dtype)
+        if y is not None:
+            return y
         payload, scales = self._split(buf)
         if self.bits == 4:
             payload = unpack_int4(payload)

@@ -1,0 +1,477 @@
+"""Fused Triton kernels for the group codecs: encode, decode and decode-N + fp32 sum + re-encode.
+
+Why fused: the eager reference makes ~15 passes over fp32 copies of the tensor; each kernel here
+makes one pass from the input dtype straight to the wire layout `[q: ng*G][s_0 fp32 x ng][s_1]`.
+Imported lazily by `taco.kernels` (never at `import taco`), only where triton is importable.
+
+Per tile of R groups (DESIGN.md 1.1): load, stats, adaptive scale (taco), Walsh-Hadamard rotation,
+max, scale, FP8/INT cast, store payload and scales. The rotation is a tensor-core `tl.dot` with the
+Sylvester matrix (+-1, exact in bf16, generated in registers): fp32 operands are split exactly into
+up to three bf16 parts (bf16 input: one part; fp16: two; fp32 or scaled: three) so every product is
+exact and only the fp32 accumulation order differs from the reference's matmul. G = 256/512 use
+H_G = H_{G/128} (x) H_128: one dot with H_128, then butterflies across the 128-blocks.
+FP8 and bf16 casts are done with integer bit operations (round-to-nearest-even, saturating), so the
+GPU and the interpreter (TRITON_INTERPRET=1, whose own bf16 casts truncate and whose bf16 dot is
+unsupported: there the dot runs on the same exact parts in fp32) give the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from taco.codec import functional as Fn
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+KIND = {"taco": 0, "fp8": 1, "int": 2}
+_FP8 = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
+_OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_NSPLIT = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+
+
+# -- device helpers -------------------------------------------------------------------------------
+@triton.jit
+def _trunc_bf16(x):
+    """x rounded toward zero to bf16 precision, kept in fp32 (so x - result is exact)."""
+    return (x.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _sylvester(HB: tl.constexpr, DOT: tl.constexpr):
+    """H_HB[i, j] = (-1)^popcount(i & j), built in registers."""
+    i = tl.arange(0, HB)[:, None]
+    j = tl.arange(0, HB)[None, :]
+    v = i & j
+    v = v ^ (v >> 4)
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    return (1 - 2 * (v & 1)).to(tl.float32).to(DOT)
+
+
+@triton.jit
+def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr):
+    """x [R, G] fp32 -> x @ H_G (unnormalised): exact products, fp32 accumulation."""
+    A: tl.constexpr = G // HB
+    h = _sylvester(HB, DOT)
+    xr = tl.reshape(x, (R * A, HB))
+    hi = _trunc_bf16(xr)
+    acc = tl.dot(hi.to(DOT), h, out_dtype=tl.float32)
+    if NSPLIT >= 2:
+        r = xr - hi
+        mid = _trunc_bf16(r)
+        acc = tl.dot(mid.to(DOT), h, acc)
+        if NSPLIT >= 3:
+            acc = tl.dot((r - mid).to(DOT), h, acc)
+    if A == 2:  # H_2 (x) H_128: butterfly across the two 128-blocks
+        y = tl.reshape(acc, (R, 2, HB))
+        u, w = tl.split(tl.permute(y, (0, 2, 1)))
+        acc = tl.permute(tl.join(u + w, u - w), (0, 2, 1))
+    if A == 4:  # H_4 = H_2 (x) H_2 on the block index (a1, a0)
+        y = tl.reshape(acc, (R, 2, 2, HB))
+        u, w = tl.split(tl.permute(y, (0, 1, 3, 2)))
+        y = tl.permute(tl.join(u + w, u - w), (0, 1, 3, 2))
+        u, w = tl.split(tl.permute(y, (0, 2, 3, 1)))
+        acc = tl.permute(tl.join(u + w, u - w), (0, 3, 1, 2))
+    return tl.reshape(acc, (R, G))
+
+
+@triton.jit
+def _fp8_bits(t, FMT: tl.constexpr):
+    """Round-to-nearest-even FP8 bits (uint8) of fp32 t, |t| <= FMAX or NaN (NaN -> 0x7F | sign)."""
+    MB: tl.constexpr = 3 if FMT == 0 else 2
+    BIAS: tl.constexpr = 7 if FMT == 0 else 15
+    SHIFT: tl.constexpr = 23 - MB
+    INV_STEP: tl.constexpr = 512.0 if FMT == 0 else 65536.0  # 1 / the subnormal step
+    u = t.to(tl.uint32, bitcast=True)
+    sign = (u >> 24) & 0x80
+    a = u & 0x7FFFFFFF
+    # subnormal grid: rint(|t| / step) by the 1.5 * 2^23 trick (exact: |t| / step < 2^MB)
+    sub = (a.to(tl.float32, bitcast=True) * INV_STEP + 12582912.0).to(tl.uint32, bitcast=True) - 0x4B400000
+    nrm = ((a + ((1 << (SHIFT - 1)) - 1) + ((a >> SHIFT) & 1)) >> SHIFT) - ((127 - BIAS) << MB)
+    code = tl.where(a < ((128 - BIAS) << 23), sub, nrm)
+    code = tl.where(a > 0x7F800000, 0x7F, code)
+    return (sign | code).to(tl.uint8)
+
+
+@triton.jit
+def _fp8_value(b, FMT: tl.constexpr):
+    """FP8 bits (uint8) -> exact fp32 values."""
+    MB: tl.constexpr = 3 if FMT == 0 else 2
+    BIAS: tl.constexpr = 7 if FMT == 0 else 15
+    STEP: tl.constexpr = 0.001953125 if FMT == 0 else 1.52587890625e-05  # 2^-9, 2^-16
+    a = b.to(tl.uint32) & 0x7F
+    sub = a.to(tl.float32) * STEP
+    nrm = ((a << (23 - MB)) + ((127 - BIAS) << 23)).to(tl.float32, bitcast=True)
+    m = tl.where(a < (1 << MB), sub, nrm)
+    if FMT == 1:
+        m = tl.where(a == 0x7C, float("inf"), m)
+        m = tl.where(a > 0x7C, float("nan"), m)
+    else:
+        m = tl.where(a == 0x7F, float("nan"), m)
+    return tl.where(b.to(tl.uint32) >= 128, -m, m)
+
+
+@triton.jit
+def _bf16_bits(y):
+    """fp32 -> bf16 bits (int16), round-to-nearest-even, NaN kept (the interpreter's cast truncates)."""
+    u = y.to(tl.uint32, bitcast=True)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    r = tl.where(y != y, (u >> 16) | 0x40, r)
+    return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
+def _load_x(x_ptr, idx, n, IN: tl.constexpr):
+    """Input tile as fp32, zero-padded beyond n. IN: 0 fp32, 1 bf16 (given as int16 bits), 2 fp16."""
+    if IN == 1:
+        u = tl.load(x_ptr + idx, mask=idx < n, other=0).to(tl.uint16, bitcast=True)
+        return (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _encode_tile(
+    x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """Encode a [R, G] fp32 tile of groups `rows` (DESIGN.md 1.1 steps 1-4, or the one-scale codecs)."""
+    cols = tl.arange(0, G)
+    rmask = rows < ng
+    sa = tl.zeros((R,), tl.float32)
+    if KIND == 0:  # s_a = clamp(FMAX / sqrt(mean(x^2) + lam), 1e-3, 1e3), as reciprocal * FMAX
+        ms = tl.sum(x * x, axis=1) / G
+        sa = tl.div_rn(tl.full((R,), 1.0, tl.float32), tl.sqrt_rn(ms + lam)) * fmax
+        sa = tl.where(sa < 1e-3, 1e-3, sa)
+        sa = tl.where(sa > 1e3, 1e3, sa)
+        x = x * sa[:, None]
+    if ROTATE:
+        z = tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
+    else:
+        z = x
+    bad = tl.max((z != z).to(tl.int32), axis=1) > 0  # NaN anywhere in the group
+    amax = tl.max(tl.abs(z), axis=1)
+    if KIND == 0:
+        s = tl.div_rn(tl.where(amax < 1e-12, 1e-12, amax), tl.full((R,), 1.0, tl.float32) * target)
+        s = tl.where(s < 1e-12, 1e-12, s)
+        s = tl.where(s > 1e6, 1e6, s)
+    else:
+        s = tl.div_rn(amax, tl.full((R,), 1.0, tl.float32) * (fmax if KIND == 1 else qmax))
+        s = tl.where(amax > 0, s, 1.0)
+    s = tl.where(bad | (amax == float("inf")), float("nan"), s)
+    t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
+    if KIND == 2:
+        r = (t + 12582912.0) - 12582912.0  # round half to even (|t| <= qmax)
+        r = tl.where(r < -qmax, -qmax, r)
+        r = tl.where(r > qmax, qmax, r)
+        r = tl.where(r != r, 0.0, r)
+        code = r.to(tl.int8).to(tl.uint8, bitcast=True)
+    else:
+        t = tl.where(t < -fmax, -fmax, t)
+        t = tl.where(t > fmax, fmax, t)
+        code = _fp8_bits(t, FMT)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], code, mask=rmask[:, None])
+    tl.store(s0_ptr + rows, s, mask=rmask)
+    if KIND == 0:
+        tl.store(s1_ptr + rows, sa, mask=rmask)
+
+
+@triton.jit
+def _decode_tile(
+    q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """Decode the groups `rows` to a [R, G] fp32 tile (DESIGN.md 1.1 step 5)."""
+    cols = tl.arange(0, G)
+    rmask = rows < ng
+    b = tl.load(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], mask=rmask[:, None], other=0)
+    if KIND == 2:
+        v = b.to(tl.int8, bitcast=True).to(tl.float32)
+    else:
+        v = _fp8_value(b, FMT)
+    s = tl.load(s0_ptr + rows, mask=rmask, other=1.0)
+    if ROTATE:  # (q @ H) * s: the codes are exact in bf16, one dot
+        y = tl.div_rn(_hadamard(v, R, G, HB, 1, DOT) * s[:, None], tl.full((R, G), 1.0, tl.float32) * sqrt_g)
+    else:
+        y = v * s[:, None]
+    if KIND == 0:
+        sa = tl.load(s1_ptr + rows, mask=rmask, other=1.0)
+        y = tl.div_rn(y, sa[:, None] + tl.zeros((R, G), tl.float32))
+    return y
+
+
+# -- kernels --------------------------------------------------------------------------------------
+@triton.jit
+def _encode_kernel(
+    x_ptr, q_ptr, s0_ptr, s1_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
+        rows = tile * R + tl.arange(0, R)
+        idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
+        x = _load_x(x_ptr, idx, n, IN)
+        _encode_tile(x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
+                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT)  # fmt: skip
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, s0_ptr, s1_ptr, y_ptr, n, ng, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
+        rows = tile * R + tl.arange(0, R)
+        idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
+        y = _decode_tile(q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT)
+        if OUT == 1:
+            tl.store(y_ptr + idx, _bf16_bits(y), mask=idx < n)
+        elif OUT == 2:  # fp16 never overflows (finite_clamp); NaN stays NaN
+            y = tl.where(y < -65504.0, -65504.0, y)
+            y = tl.where(y > 65504.0, 65504.0, y)
+            tl.store(y_ptr + idx, y.to(tl.float16), mask=idx < n)
+        else:
+            tl.store(y_ptr + idx, y, mask=idx < n)
+
+
+@triton.jit
+def _decode_sum_encode_kernel(
+    q_ptr, s0_ptr, s1_ptr, q_stride, s_stride, nterms, own_ptr, own_index,
+    oq_ptr, os0_ptr, os1_ptr, sum_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, OWN_IN: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
+        rows = tile * R + tl.arange(0, R)
+        idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
+        acc = tl.zeros((R, G), tl.float32)
+        for t in range(nterms):  # s = y_0 + y_1 + ... in order; term own_index is the raw own tile
+            if t == own_index:
+                y = _load_x(own_ptr, idx, n, OWN_IN)
+            else:
+                k = t - (t > own_index).to(tl.int32)
+                y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows,
+                                 ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT)  # fmt: skip
+            y = tl.where(idx < n, y, 0.0)
+            acc = tl.where(t == 0, y, acc + y)
+        if SUM:
+            tl.store(sum_ptr + idx, acc, mask=idx < n)
+        _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
+                     KIND, ROTATE, FMT, G, HB, R, 3, DOT)  # fmt: skip
+
+
+# -- host side ------------------------------------------------------------------------------------
+_DOT = tl.float32 if INTERPRET else tl.bfloat16
+
+
+def runs_here(t: torch.Tensor) -> bool:
+    """Triton serves CUDA tensors, and CPU tensors under TRITON_INTERPRET=1."""
+    return t.device.type == "cuda" or (INTERPRET and t.device.type == "cpu")
+
+
+def supports(codec, device: torch.device) -> bool:
+    """Whether the wire-level kernels handle this codec on `device` (8-bit payloads, G <= 512)."""
+    ok_dev = device.type == "cuda" or (INTERPRET and device.type == "cpu")
+    return ok_dev and getattr(codec, "family", None) in KIND and codec.bits == 8 and codec.group_size <= 512
+
+
+def _geometry(g: int) -> tuple[int, int]:
+    """(HB, R): Hadamard block (<= 128) and groups per tile (R * G = TACO_TRITON_TILE elements)."""
+    hb = min(g, 128)
+    r = max(int(os.environ.get("TACO_TRITON_TILE", "4096")) // g, 16 * hb // g, 1)
+    return hb, r
+
+
+def _grid(ng: int, r: int, device: torch.device) -> tuple[int]:
+    tiles = triton.cdiv(ng, r)
+    if device.type != "cuda":
+        return (max(1, min(tiles, 4)),)
+    return (max(1, min(tiles, 4 * torch.cuda.get_device_properties(device).multi_processor_count)),)
+
+
+def _x_arg(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16), 1
+    return x, (2 if x.dtype == torch.float16 else 0)
+
+
+def _y_arg(y: torch.Tensor) -> torch.Tensor:
+    return y.view(torch.int16) if y.dtype == torch.bfloat16 else y
+
+
+class _Spec:
+    """Kernel parameters of one codec configuration."""
+
+    def __init__(self, kind: str, g: int, rotate: bool, fp8=None, fmax=0.0, lam=0.0, target=1.0, qmax=0.0):
+        self.kind, self.g, self.rotate = KIND[kind], g, bool(rotate)
+        self.fmt = _FP8.get(fp8, 0)
+        self.fmax, self.lam, self.target, self.qmax = float(fmax), float(lam), float(target), float(qmax)
+        self.hb, self.r = _geometry(g)
+        self.sqrt_g = math.sqrt(g)
+
+    @classmethod
+    def of(cls, codec) -> _Spec:
+        fam, g = codec.family, codec.group_size
+        if fam == "taco":
+            return cls("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target)
+        if fam == "fp8":
+            return cls("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax)
+        return cls("int", g, codec.rotate, qmax=codec.qmax)
+
+    def consts(self) -> dict:
+        return dict(
+            KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT
+        )
+
+    def encode(self, x: torch.Tensor, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None) -> None:
+        """x: flat input (n elements) -> q (uint8 view, ng*G), s0/s1 (fp32, ng) on the same device."""
+        n, ng = x.numel(), triton.cdiv(x.numel(), self.g)
+        xa, in_code = _x_arg(x)
+        nsplit = 3 if self.kind == 0 else _NSPLIT[x.dtype]
+        _encode_kernel[_grid(ng, self.r, x.device)](
+            xa, q, s0, s0 if s1 is None else s1, n, ng, self.fmax, self.lam, self.target, self.qmax,
+            self.sqrt_g, NSPLIT=nsplit, IN=in_code, **self.consts(),
+        )  # fmt: skip
+
+    def decode(self, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None, y: torch.Tensor) -> None:
+        """q, s0, s1 of ng groups -> the first y.numel() values into flat y (fp32/bf16/fp16)."""
+        ng = s0.numel()
+        _decode_kernel[_grid(ng, self.r, y.device)](
+            q, s0, s0 if s1 is None else s1, _y_arg(y), y.numel(), ng, self.sqrt_g,
+            OUT=_OUT[y.dtype], **self.consts(),
+        )  # fmt: skip
+
+
+def _check(h: torch.Tensor | None, g: int) -> bool:
+    return h is None or h.shape == (g, g)
+
+
+# -- registry level (the functional signatures on [ng, G] fp32 groups) -----------------------------
+def taco_encode(xg: torch.Tensor, h: torch.Tensor, fp8: torch.dtype, fmax: float, lam: float, target: float):
+    ng, g = xg.shape
+    if not runs_here(xg) or h is None or not _check(h, g):
+        return Fn.taco_encode(xg, h, fp8, fmax, lam, target)
+    q = torch.empty(ng, g, dtype=torch.uint8, device=xg.device)
+    s_q = torch.empty(ng, 1, device=xg.device)
+    s_a = torch.empty(ng, 1, device=xg.device)
+    _Spec("taco", g, True, fp8, fmax, lam, target).encode(xg.contiguous().view(-1), q, s_q, s_a)
+    return q, s_q, s_a
+
+
+def taco_decode(q: torch.Tensor, s_q: torch.Tensor, s_a: torch.Tensor, h: torch.Tensor, fp8: torch.dtype):
+    ng, g = q.shape
+    if not runs_here(q) or h is None or not _check(h, g):
+        return Fn.taco_decode(q, s_q, s_a, h, fp8)
+    y = torch.empty(ng, g, device=q.device)
+    _Spec("taco", g, True, fp8).decode(q.contiguous(), s_q.float().contiguous(), s_a.float().contiguous(), y)
+    return y
+
+
+def fp8_encode(xg: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype, fmax: float):
+    ng, g = xg.shape
+    if not runs_here(xg) or not _check(h, g):
+        return Fn.fp8_encode(xg, h, fp8, fmax)
+    q = torch.empty(ng, g, dtype=torch.uint8, device=xg.device)
+    s = torch.empty(ng, 1, device=xg.device)
+    _Spec("fp8", g, h is not None, fp8, fmax).encode(xg.contiguous().view(-1), q, s, None)
+    return q, s
+
+
+def fp8_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype):
+    ng, g = q.shape
+    if not runs_here(q) or not _check(h, g):
+        return Fn.fp8_decode(q, s, h, fp8)
+    y = torch.empty(ng, g, device=q.device)
+    _Spec("fp8", g, h is not None, fp8).decode(q.contiguous(), s.float().contiguous(), None, y)
+    return y
+
+
+def int_encode(xg: torch.Tensor, h: torch.Tensor | None, qmax: int):
+    ng, g = xg.shape
+    if not runs_here(xg) or not _check(h, g) or not 0 < qmax <= 127:
+        return Fn.int_encode(xg, h, qmax)
+    q = torch.empty(ng, g, dtype=torch.int8, device=xg.device)
+    s = torch.empty(ng, 1, device=xg.device)
+    _Spec("int", g, h is not None, qmax=qmax).encode(xg.contiguous().view(-1), q.view(torch.uint8), s, None)
+    return q, s
+
+
+def int_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None):
+    ng, g = q.shape
+    if not runs_here(q) or not _check(h, g) or q.dtype != torch.int8:
+        return Fn.int_decode(q, s, h)
+    y = torch.empty(ng, g, device=q.device)
+    _Spec("int", g, h is not None).decode(q.contiguous().view(torch.uint8), s.float().contiguous(), None, y)
+    return y
+
+
+# -- wire level (a GroupCodec's layout; see taco.kernels) ------------------------------------------
+def _aligned(buf: torch.Tensor) -> bool:
+    return buf.data_ptr() % 16 == 0
+
+
+def _views(codec, buf: torch.Tensor, ng: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(payload uint8, s_0 fp32, s_1 fp32 or None) views of one 16-byte-aligned chunk."""
+    p = ng * codec.group_size
+    f = buf[: p + 4 * ng * codec.n_scales].view(torch.float32)
+    s1 = f[p // 4 + ng : p // 4 + 2 * ng] if codec.n_scales == 2 else None
+    return buf[:p], f[p // 4 : p // 4 + ng], s1
+
+
+def encode_wire(codec, x: torch.Tensor, out: torch.Tensor) -> None:
+    """Encode flat x (fp32/bf16/fp16) into `out`, the codec's wire bytes, in one kernel."""
+    dst = out if _aligned(out) else torch.empty_like(out)
+    ng = codec.groups(x.numel())
+    _Spec.of(codec).encode(x.contiguous(), *_views(codec, dst, ng))
+    if dst is not out:
+        out.copy_(dst)
+
+
+def decode_wire(codec, buf: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """One wire chunk -> `numel` values of `dtype`, in one kernel."""
+    buf = buf if _aligned(buf) else buf.clone()
+    y = torch.empty(numel, dtype=dtype, device=buf.device)
+    _Spec.of(codec).decode(*_views(codec, buf, codec.groups(numel)), y)
+    return y
+
+
+def decode_sum_encode_wire(
+    codec,
+    bufs: torch.Tensor,
+    nchunks: int,
+    numel: int,
+    out: torch.Tensor,
+    sum_out: torch.Tensor | None,
+    own: torch.Tensor | None = None,
+    own_index: int = 0,
+) -> None:
+    """N consecutive chunks (+ raw `own` as term own_index) -> fp32 sum in order -> `out`: one kernel."""
+    sp = _Spec.of(codec)
+    bufs = bufs if _aligned(bufs) else bufs.clone()
+    dst = out if _aligned(out) else torch.empty_like(out)
+    ng, stride = codec.groups(numel), codec.nbytes(numel)
+    q, s0, s1 = _views(codec, bufs, ng)
+    oq, os0, os1 = _views(codec, dst, ng)
+    nterms = nchunks + (own is not None)
+    if own is None:
+        own_arg, own_in, own_index = s0, 0, nterms  # never reached
+    else:
+        own_arg, own_in = _x_arg(own.contiguous())
+    _decode_sum_encode_kernel[_grid(ng, sp.r, bufs.device)](
+        q, s0, s0 if s1 is None else s1, stride, stride // 4, nterms, own_arg, own_index,
+        oq, os0, os0 if os1 is None else os1, os0 if sum_out is None else sum_out,
+        numel, ng, sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
+        SUM=sum_out is not None, OWN_IN=own_in, **sp.consts(),
+    )  # fmt: skip
+    if dst is not out:
+        out.copy_(dst)
