@@ -1,0 +1,330 @@
+"""`taco bench codec`: fidelity and throughput of every codec, side by side in one run (DESIGN.md 3).
+
+Why this file exists: the codec choices of DESIGN.md 1.2 are decided by measurement, not by
+assumption. For each codec x data family x backend it measures bytes/elem (exact, from
+`Packed.nbytes`), SQNR, the worst relative group error, encode/decode elements/s, and the encode
+time as a ratio to `x.clone()` of the same tensor in the same run (the memory-bound floor).
+Families: synthetic (gaussian, student-t(3), channel outliers, tiny gradients with outliers,
+sparse) and, with `--tensors DIR`, real captured tensors (.pt / .safetensors, one per file).
+`--range` adds the extreme-range table: the relative error of each codec on gaussian groups
+scaled from 1e-30 to 1e30, which documents the faithful `taco` preset's usable range.
+
+Run: `taco bench codec --size 4194304 --backend all --json out.json` or `python -m taco.bench.codec`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import taco
+from taco.codec import CODECS, sqnr_db
+from taco.codec.codecs import GroupCodec
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+RANGE_SCALES = (1e-30, 1e-20, 1e-15, 1e-10, 1e-5, 1.0, 1e5, 1e10, 1e11, 1e12, 1e15, 1e20, 1e30)
+HIDDEN = 1024  # row width of the synthetic [tokens, hidden] tensors
+
+
+# -- data -----------------------------------------------------------------------------------------
+def _shape(n: int) -> tuple[int, int]:
+    h = min(HIDDEN, n)
+    return (max(1, n // h), h)
+
+
+def synthetic(family: str, n: int, gen: torch.Generator) -> torch.Tensor:
+    """One synthetic fp32 tensor of about n elements, [n / 1024, 1024] (TP activations' layout)."""
+    shape = _shape(n)
+    x = torch.randn(shape, generator=gen)
+    if family == "gaussian":
+        return x
+    if family == "student-t3":  # heavy tails: t = z / sqrt(chi2_3 / 3)
+        chi2 = torch.randn((3, *shape), generator=gen).square().sum(0)
+        return x / (chi2 / 3).sqrt()
+    if family == "channel-outliers":  # a few hidden channels 100x larger (LLM activations)
+        cols = torch.randperm(shape[1], generator=gen)[: max(1, shape[1] // 256)]
+        x[:, cols] *= 100.0
+        return x
+    if family == "tiny-grad":  # activation gradients ~1e-7 with rare 1e-4 outliers
+        x = x * 1e-7
+        m = torch.rand(shape, generator=gen) < 1e-3
+        return torch.where(m, x * 1e3, x)
+    if family == "sparse":  # 90% exact zeros
+        return torch.where(torch.rand(shape, generator=gen) < 0.9, torch.zeros_like(x), x)
+    raise ValueError(f"unknown family {family!r}: use one of {list(FAMILIES)}")
+
+
+FAMILIES = ("gaussian", "student-t3", "channel-outliers", "tiny-grad", "sparse")
+
+
+def load_tensors(folder: str) -> dict[str, torch.Tensor]:
+    """Float tensors from .pt / .safetensors files in `folder`: name -> tensor (file stem[/key])."""
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(folder).iterdir()):
+        if f.suffix == ".pt":
+            obj = torch.load(f, map_location="cpu", weights_only=True)
+        elif f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            obj = load_file(str(f))
+        else:
+            continue
+        items = obj.items() if isinstance(obj, dict) else [("", obj)]
+        for key, t in items:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                out[f.stem + (f"/{key}" if key and len(obj) > 1 else "")] = t
+    if not out:
+        raise ValueError(f"--tensors {folder}: no .pt or .safetensors float tensors found")
+    return out
+
+
+# -- metrics --------------------------------------------------------------------------------------
+def max_group_rel_err(x: torch.Tensor, y: torch.Tensor, g: int) -> float:
+    """max over groups of ||x_g - y_g|| / ||x_g|| (fp64; a zero group must decode to zeros)."""
+    xf, yf = x.reshape(-1).double(), y.reshape(-1).double()
+    pad = (-xf.numel()) % g
+    xf, yf = (
+        torch.nn.functional.pad(xf, (0, pad)).view(-1, g),
+        torch.nn.functional.pad(yf, (0, pad)).view(-1, g),
+    )
+    err, norm = (xf - yf).norm(dim=1), xf.norm(dim=1)
+    if torch.isnan(err).any():
+        return math.nan
+    zero = norm == 0
+    if (err[zero] > 0).any():
+        return math.inf
+    return (err[~zero] / norm[~zero]).max().item() if (~zero).any() else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> float:
+    """Best of `repeat` timed calls after one warm-up call (seconds)."""
+    fn()
+    _sync(device)
+    best = math.inf
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# -- the benchmark --------------------------------------------------------------------------------
+def make_codec(name: str, group_size: int, backend: str) -> taco.Codec:
+    cls = CODECS[name]
+    if issubclass(cls, GroupCodec):
+        return taco.get_codec(name, group_size=group_size, backend=backend)
+    return taco.get_codec(name)
+
+
+def backends_for(name: str, choice: str, device: torch.device) -> list[str]:
+    if not issubclass(CODECS[name], GroupCodec):
+        return ["-"]
+    if choice != "all":
+        return [choice]
+    import taco.kernels as K
+
+    out = ["eager", "compile"] if device.type == "cpu" else ["eager"]
+    if device.type == "cuda" and K.triton_available():
+        out.append("triton")
+    return out
+
+
+def measure(codec: taco.Codec, x: torch.Tensor, repeat: int, group_size: int, copy_s: float) -> dict:
+    """One row: fidelity and speed of `codec` on `x`."""
+    n = x.numel()
+    packed = codec.encode(x)
+    y = codec.decode(packed)
+    t_enc = best_time(lambda: codec.encode(x), repeat, x.device)
+    t_dec = best_time(lambda: codec.decode(packed), repeat, x.device)
+    g = getattr(codec, "group_size", group_size)
+    return {
+        "codec": codec.name,
+        "spec": codec.spec,
+        "bytes_per_elem": packed.nbytes / n,
+        "nbytes": packed.nbytes,
+        "sqnr_db": sqnr_db(x.float(), y.float()),
+        "max_group_rel_err": max_group_rel_err(x, y, g),
+        "encode_elems_per_s": n / t_enc,
+        "decode_elems_per_s": n / t_dec,
+        "encode_s": t_enc,
+        "decode_s": t_dec,
+        "encode_vs_copy": t_enc / copy_s,
+        "decode_vs_copy": t_dec / copy_s,
+    }
+
+
+def range_table(codecs: list[str], group_size: int, device: torch.device) -> dict[str, dict[str, float]]:
+    """codec -> {scale: max relative group error} on 64 gaussian fp32 groups times each scale."""
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(64, group_size, generator=gen).to(device)
+    out: dict[str, dict[str, float]] = {}
+    for name in codecs:
+        if name == "none":
+            continue
+        c = make_codec(name, group_size, "auto")
+        out[name] = {
+            f"{s:g}": max_group_rel_err(base * s, c.roundtrip(base * s), group_size) for s in RANGE_SCALES
+        }
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the benchmark described by the parsed arguments; returns the JSON-ready result."""
+    import taco.kernels  # noqa: F401  (registers the compile/triton backends)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype]
+    codecs = args.codecs.split(",") if args.codecs else taco.list_codecs()
+    for name in codecs:
+        if name not in CODECS:
+            raise ValueError(f"unknown codec {name!r}: choose from {taco.list_codecs()}")
+    gen = torch.Generator().manual_seed(args.seed)
+    data = {
+        f: synthetic(f, args.size, gen) for f in (args.families.split(",") if args.families else FAMILIES)
+    }
+    if args.tensors:
+        data.update(load_tensors(args.tensors))
+    rows = []
+    for fam, t in data.items():
+        x = t.to(device=device, dtype=dtype).contiguous()
+        copy_s = best_time(lambda x=x: x.clone(), args.repeat, device)
+        for name in codecs:
+            for b in backends_for(name, args.backend, device):
+                row = measure(
+                    make_codec(name, args.group_size, "auto" if b == "-" else b),
+                    x,
+                    args.repeat,
+                    args.group_size,
+                    copy_s,
+                )
+                rows.append({"family": fam, "backend": b, "dtype": args.dtype, "numel": x.numel(), **row})
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k != "func"} | {"device": str(device)},
+        "rows": rows,
+    }
+    if args.range:
+        result["range"] = range_table(codecs, args.group_size, device)
+    return result
+
+
+# -- output ---------------------------------------------------------------------------------------
+def _fmt(v: object, spec: str) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+
+def print_tables(result: dict, file=None) -> None:
+    """The main table, then the extreme-range table if measured (plain text, to stdout by default)."""
+    file = file or sys.stdout
+    cols = [
+        ("codec", "codec", "s"), ("family", "family", "s"), ("backend", "backend", "s"),
+        ("bytes/elem", "bytes_per_elem", ".4f"), ("SQNR dB", "sqnr_db", ".2f"),
+        ("max grp rel err", "max_group_rel_err", ".3e"), ("enc elem/s", "encode_elems_per_s", ".3e"),
+        ("dec elem/s", "decode_elems_per_s", ".3e"), ("enc/copy", "encode_vs_copy", ".2f"),
+    ]  # fmt: skip
+    table = [[h for h, _, _ in cols]] + [[_fmt(r[k], f) for _, k, f in cols] for r in result["rows"]]
+    _print(table, file)
+    if "range" in result:
+        scales = list(next(iter(result["range"].values()), {}))
+        print("\nmax relative group error of gaussian groups scaled by:", file=file)
+        table = [["codec", *scales]] + [
+            [c, *(_fmt(e[s], ".2e") for s in scales)] for c, e in result["range"].items()
+        ]
+        _print(table, file)
+
+
+def _print(table: list[list[str]], file) -> None:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for k, row in enumerate(table):
+        cells = (c.rjust(w) if k and i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        print("  ".join(cells), file=file)
+        if k == 0:
+            print("  ".join("-" * w for w in widths), file=file)
+
+
+def _json_safe(obj: object) -> object:
+    """inf/nan -> None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+# -- command line ---------------------------------------------------------------------------------
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--codecs", default="", help="comma-separated codec names (default: all)")
+    p.add_argument(
+        "--families", default="", help=f"comma-separated synthetic families (default: {','.join(FAMILIES)})"
+    )
+    p.add_argument("--tensors", default="", help="folder of captured .pt/.safetensors tensors, one per site")
+    p.add_argument("--size", type=int, default=1 << 22, help="elements per synthetic tensor")
+    p.add_argument("--group-size", type=int, default=128, help="G of the group codecs")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "eager", "compile", "triton", "all"],
+        help="codec backend; 'all' gives one row per available backend",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--device", default="", help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--range", action="store_true", help="add the 1e-30..1e30 extreme-range table")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default="", help="also write the results to this JSON file")
+
+
+def add_codec_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `codec` under a `taco bench` subparsers object."""
+    p = subparsers.add_parser(
+        "codec",
+        help="codec fidelity and throughput (DESIGN.md 3)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(p)
+    p.set_defaults(func=run_codec)
+    return p
+
+
+def run_codec(args: argparse.Namespace) -> int:
+    """Entry point of `taco bench codec`: print the tables, write --json; returns the exit code."""
+    try:
+        result = run(args)
+    except ValueError as e:
+        print(f"taco bench codec: {e}", file=sys.stderr)
+        return 2
+    print_tables(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m taco.bench.codec",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(parser)
+    return run_codec(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
