@@ -17,6 +17,7 @@ unsupported: there the dot runs on the same exact parts in fp32) give the same b
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -292,11 +293,18 @@ def _geometry(g: int) -> tuple[int, int]:
     return hb, r
 
 
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _grid(ng: int, r: int, device: torch.device) -> tuple[int]:
+    """Persistent launch: at most 4 programs per SM (4 in the interpreter), each looping over tiles."""
     tiles = triton.cdiv(ng, r)
     if device.type != "cuda":
         return (max(1, min(tiles, 4)),)
-    return (max(1, min(tiles, 4 * torch.cuda.get_device_properties(device).multi_processor_count)),)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (max(1, min(tiles, 4 * _sm_count(index))),)
 
 
 def _x_arg(x: torch.Tensor) -> tuple[torch.Tensor, int]:
