@@ -15,6 +15,15 @@ from typing import Any
 from taco.train.config import Config
 
 
+def _accepted(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    from taco.codec import CODECS
+
+    params = inspect.signature(CODECS[name].__init__).parameters
+    return {k: v for k, v in options.items() if k in params}
+
+
 def _curve(run_dir: Path) -> list[dict[str, Any]]:
     f = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
@@ -29,6 +38,8 @@ def compare(cfg: Config, codecs: list[str], out: Path, baseline: str = "none") -
     for name in [baseline, *[c for c in codecs if c != baseline]]:
         c = copy.deepcopy(cfg)
         c.compression.tp_codec = name
+        # keep the options this codec accepts (group_size for group codecs, fmt for FP8 ones, ...)
+        c.compression.tp_codec_options = _accepted(name, cfg.compression.tp_codec_options)
         c.train.out_dir = str(out / name)
         c.train.name = name
         c.train.resume = False
