@@ -241,7 +241,7 @@ def test_decode_sum_encode(backend, name):
     if backend == "triton":
         triton_mod()
     c = taco.get_codec(name, backend=backend)
-    for n, own_index in ((1000, None), (1000, 2), (256, 0)):
+    for n, own_index in ((1000, None), (1000, 2), (256, 0), (128 * 40 + 5, 1)):  # last: batched path
         bufs = torch.cat([c.encode(torch.randn(n) * (k + 1)).data for k in range(3)])
         own = None if own_index is None else torch.randn(n).bfloat16()
         out, s = K.decode_sum_encode(c, bufs, n, with_sum=True, own=own, own_index=own_index or 0)

@@ -80,23 +80,34 @@ static fp8c_t fp8_consts(int fmt) {
     return k;
 }
 
-/* Saturating round-to-nearest-even casts v[i] / s, clamped to +-fmax, to FP8 bits (branchless,
-   vectorisable). Bit-exact with torch's cast on clamped inputs; NaN -> 0x7F | sign. */
+/* Saturating round-to-nearest-even cast of t (clamped to +-fmax here) to FP8 bits; branchless so
+   that loops over it vectorise. Bit-exact with torch's cast on clamped inputs; NaN -> 0x7F | sign. */
+static inline uint32_t fp8_bits(float t, float fmax, fp8c_t k) {
+    int shift = 23 - k.mb;
+    t = t < -fmax ? -fmax : t;
+    t = t > fmax ? fmax : t;
+    uint32_t u = f2u(t), sign = (u >> 24) & 0x80, a = u & 0x7FFFFFFF;
+    /* subnormal grid: rint(|t| / step) by the 1.5 * 2^23 trick (exact: |t| / step < 2^mb) */
+    uint32_t sub = f2u(u2f(a) * k.subscale + 12582912.0f) - 0x4B400000u;
+    uint32_t nrm = ((a + k.half + ((a >> shift) & 1u)) >> shift) - k.ebias;
+    uint32_t code = a < k.minnorm ? sub : nrm;
+    code = a > 0x7F800000u ? 0x7Fu : code;
+    return sign | code;
+}
+
+/* INT code of t: round half to even (1.5 * 2^23 trick, |t| <= qmax), clamped, NaN -> 0. */
+static inline uint32_t int_bits(float t, float qmax) {
+    float r = (t + 12582912.0f) - 12582912.0f;
+    r = r < -qmax ? -qmax : r;
+    r = r > qmax ? qmax : r;
+    return (uint32_t)(int32_t)(r == r ? r : 0.0f);
+}
+
 INLINE void quant_fp8(const float* v, float s, float fmax, int fmt, uint8_t* q, int G) {
     fp8c_t k = fp8_consts(fmt);
-    int shift = 23 - k.mb;
-    for (int i = 0; i < G; i++) {
-        float t = v[i] / s;
-        t = t < -fmax ? -fmax : t;
-        t = t > fmax ? fmax : t;
-        uint32_t u = f2u(t), sign = (u >> 24) & 0x80, a = u & 0x7FFFFFFF;
-        /* subnormal grid: rint(|t| / step) by the 1.5 * 2^23 trick (exact: |t| / step < 8) */
-        uint32_t sub = f2u(u2f(a) * k.subscale + 12582912.0f) - 0x4B400000u;
-        uint32_t nrm = ((a + k.half + ((a >> shift) & 1u)) >> shift) - k.ebias;
-        uint32_t code = a < k.minnorm ? sub : nrm;
-        code = a > 0x7F800000u ? 0x7Fu : code;
-        q[i] = (uint8_t)(sign | code);
-    }
+    uint32_t c[MAXG]; /* 32-bit codes first: the cast vectorises at full width */
+    for (int i = 0; i < G; i++) c[i] = fp8_bits(v[i] / s, fmax, k);
+    for (int i = 0; i < G; i++) q[i] = (uint8_t)c[i];
 }
 
 /* FP8 bits -> fp32 (exact, branchless). */
@@ -187,14 +198,16 @@ INLINE float sum_squares(const float* v, int G) {
 
 INLINE float abs_max(const float* v, int G) { /* NaN-propagating, like torch.amax */
     float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int nan = 0;
     for (int i = 0; i < G; i += 8)
         for (int l = 0; l < 8; l++) {
             float a = fabsf(v[i + l]);
-            m[l] = (a > m[l] || a != a) ? a : m[l];
+            m[l] = a > m[l] ? a : m[l];
+            nan |= a != a;
         }
     float r = 0.0f;
-    for (int l = 0; l < 8; l++) r = (m[l] > r || m[l] != m[l]) ? m[l] : r;
-    return r;
+    for (int l = 0; l < 8; l++) r = m[l] > r ? m[l] : r;
+    return nan ? NAN : r;
 }
 
 static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like torch.clamp */
@@ -206,37 +219,41 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
 static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
 static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
 
-/* Encode one group held in v (fp32, modified): payload to q, scales to s0[4] (and s1[4]). */
-INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G) {
-    float rg = (float)sqrt((double)G), s, sa = 0.0f;
-    if (c->kind == 0) { /* adaptive scale: s_a = clamp(FMAX / sqrt(mean(x^2) + lam), 1e-3, 1e3) */
-        float ms = sum_squares(v, G) / (float)G;
-        sa = clampf((1.0f / sqrtf(ms + c->lam)) * c->fmax, 1e-3f, 1e3f);
-        for (int i = 0; i < G; i++) v[i] *= sa;
-    }
-    if (c->rotate) {
-        fwht(v, G);
-        for (int i = 0; i < G; i++) v[i] /= rg;
-    }
-    float amax = abs_max(v, G);
+/* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale). */
+static inline float group_scale(const cfg_t* c, float amax) {
+    float s;
     if (c->kind == 0) {
         s = clampf((amax < 1e-12f ? 1e-12f : amax) / c->target, 1e-12f, 1e6f);
     } else {
         s = amax / (c->kind == 1 ? c->fmax : c->qmax);
         if (!(amax > 0.0f)) s = 1.0f;
     }
-    if (!isfinite(amax)) s = NAN;
+    return isfinite(amax) ? s : NAN;
+}
+
+static inline float adaptive_scale(const cfg_t* c, float sum_sq, int G) {
+    return clampf((1.0f / sqrtf(sum_sq / (float)G + c->lam)) * c->fmax, 1e-3f, 1e3f);
+}
+
+/* Encode one group held in v (fp32, modified): payload to q, scales to s0[4] (and s1[4]). */
+INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G) {
+    float rg = (float)sqrt((double)G), s, sa = 0.0f;
+    if (c->kind == 0) { /* adaptive scale: s_a = clamp(FMAX / sqrt(mean(x^2) + lam), 1e-3, 1e3) */
+        sa = adaptive_scale(c, sum_squares(v, G), G);
+        for (int i = 0; i < G; i++) v[i] *= sa;
+    }
+    if (c->rotate) {
+        fwht(v, G);
+        for (int i = 0; i < G; i++) v[i] /= rg;
+    }
+    s = group_scale(c, abs_max(v, G));
     if (c->kind == 2) {
-        int8_t t[MAXG];
-        for (int i = 0; i < G; i++) {
-            float r = (v[i] / s + 12582912.0f) - 12582912.0f; /* round half even, |v/s| < 2^22 */
-            r = clampf(r, -c->qmax, c->qmax);
-            t[i] = (int8_t)(r == r ? r : 0.0f);
-        }
+        uint32_t t[MAXG];
+        for (int i = 0; i < G; i++) t[i] = int_bits(v[i] / s, c->qmax);
         if (c->bits == 4)
             for (int i = 0; i < G; i += 2) q[i / 2] = (uint8_t)((t[i] & 0xF) | ((t[i + 1] & 0xF) << 4));
         else
-            memcpy(q, t, (size_t)G);
+            for (int i = 0; i < G; i++) q[i] = (uint8_t)t[i];
     } else {
         quant_fp8(v, s, c->fmax, c->fmt, q, G);
     }
@@ -268,6 +285,128 @@ INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, co
     if (c->kind == 0) {
         float sa = get_f32(s1);
         for (int i = 0; i < G; i++) v[i] /= sa;
+    }
+}
+
+/* ---- lane-parallel batches: L whole groups at once, t[i][l] = element i of group l ----------
+   Every step is a loop over the L lanes (one SIMD vector), so the butterflies of every stride, the
+   reductions and the casts vectorise; only the transposed loads/stores are strided. */
+#define L 16
+typedef float lanes_t[L];
+
+static void load_batch(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
+    for (int l = 0; l < L; l++) {
+        int64_t base = (g0 + l) * G;
+        if (dt == DT_F32) {
+            const float* p = (const float*)x + base;
+            for (int i = 0; i < G; i++) t[i][l] = p[i];
+        } else if (dt == DT_BF16) {
+            const uint16_t* p = (const uint16_t*)x + base;
+            for (int i = 0; i < G; i++) t[i][l] = u2f((uint32_t)p[i] << 16);
+        } else {
+            const uint16_t* p = (const uint16_t*)x + base;
+            for (int i = 0; i < G; i++) t[i][l] = half_to_float(p[i]);
+        }
+    }
+}
+
+static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
+    for (int l = 0; l < L; l++) {
+        int64_t base = (g0 + l) * G;
+        if (dt == DT_F32) {
+            float* p = (float*)y + base;
+            for (int i = 0; i < G; i++) p[i] = t[i][l];
+        } else if (dt == DT_BF16) {
+            uint16_t* p = (uint16_t*)y + base;
+            for (int i = 0; i < G; i++) p[i] = float_to_bf16(t[i][l]);
+        } else {
+            uint16_t* p = (uint16_t*)y + base;
+            for (int i = 0; i < G; i++) p[i] = float_to_half(t[i][l]);
+        }
+    }
+}
+
+static void fwht_batch(lanes_t* t, int G, float rg) {
+    for (int h = 1; h < G; h <<= 1)
+        for (int i = 0; i < G; i += 2 * h)
+            for (int j = i; j < i + h; j++)
+                for (int l = 0; l < L; l++) {
+                    float a = t[j][l], b = t[j + h][l];
+                    t[j][l] = a + b;
+                    t[j + h][l] = a - b;
+                }
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) t[i][l] /= rg;
+}
+
+/* encode_group for L groups: payload of lane l at q + l * pb, scales at s0/s1 + 4 * l. */
+static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
+                         uint8_t* s1) {
+    float sa[L], s[L], amax[L];
+    if (c->kind == 0) {
+        float acc[L] = {0};
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
+        for (int l = 0; l < L; l++) sa[l] = adaptive_scale(c, acc[l], G);
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) t[i][l] *= sa[l];
+    }
+    if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
+    int nan[L];
+    for (int l = 0; l < L; l++) amax[l] = 0.0f, nan[l] = 0;
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) {
+            float a = fabsf(t[i][l]);
+            amax[l] = a > amax[l] ? a : amax[l];
+            nan[l] |= a != a;
+        }
+    for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
+    uint32_t code[MAXG][L];
+    if (c->kind == 2) {
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) code[i][l] = int_bits(t[i][l] / s[l], c->qmax);
+    } else {
+        fp8c_t k = fp8_consts(c->fmt);
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
+    }
+    for (int l = 0; l < L; l++) {
+        uint8_t* ql = q + l * pb;
+        if (c->kind == 2 && c->bits == 4)
+            for (int i = 0; i < G; i += 2)
+                ql[i / 2] = (uint8_t)((code[i][l] & 0xF) | ((code[i + 1][l] & 0xF) << 4));
+        else
+            for (int i = 0; i < G; i++) ql[i] = (uint8_t)code[i][l];
+        put_f32(s0 + 4 * l, s[l]);
+        if (c->kind == 0) put_f32(s1 + 4 * l, sa[l]);
+    }
+}
+
+/* decode_group for L groups into t. */
+static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, const uint8_t* s1,
+                         int G, lanes_t* t) {
+    for (int l = 0; l < L; l++) {
+        const uint8_t* ql = q + l * pb;
+        float s = get_f32(s0 + 4 * l);
+        if (c->kind == 2 && c->bits == 4) {
+            for (int i = 0; i < G; i += 2) {
+                int lo = ql[i / 2] & 0xF, hi = ql[i / 2] >> 4;
+                t[i][l] = (float)(lo - ((lo & 8) << 1)) * s;
+                t[i + 1][l] = (float)(hi - ((hi & 8) << 1)) * s;
+            }
+        } else if (c->kind == 2) {
+            for (int i = 0; i < G; i++) t[i][l] = (float)(int8_t)ql[i] * s;
+        } else {
+            const float* lut = LUT[c->fmt];
+            for (int i = 0; i < G; i++) t[i][l] = lut[ql[i]] * s;
+        }
+    }
+    if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
+    if (c->kind == 0) {
+        float sa[L];
+        for (int l = 0; l < L; l++) sa[l] = get_f32(s1 + 4 * l);
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) t[i][l] /= sa[l];
     }
 }
 
@@ -309,50 +448,64 @@ typedef struct {
     const void* own; int own_dt; int own_index; /* dsum: raw local term at this position */
 } job_t;
 
-/* `name_range` calls `name_body` with G as a compile-time constant, so that every per-group loop
-   is unrolled and vectorised for the common group sizes. */
-#define CONST_G_RANGE(name)                                                   \
-    static void name##_range(const void* p, int64_t g0, int64_t g1) {         \
-        const job_t* j = (const job_t*)p;                                     \
-        switch (j->c->group) {                                                \
-        case 32: name##_body(j, g0, g1, 32); break;                           \
-        case 64: name##_body(j, g0, g1, 64); break;                           \
-        case 128: name##_body(j, g0, g1, 128); break;                         \
-        case 256: name##_body(j, g0, g1, 256); break;                         \
-        default: name##_body(j, g0, g1, j->c->group);                         \
-        }                                                                     \
-    }
-
 static int64_t payload_bytes(const cfg_t* c) { return (int64_t)c->group * (c->kind == 2 ? c->bits : 8) / 8; }
 
-INLINE void encode_body(const job_t* j, int64_t g0, int64_t g1, int G) {
-    int64_t pb = payload_bytes(j->c);
+static void encode_range(const void* p, int64_t g0, int64_t g1) {
+    const job_t* j = (const job_t*)p;
+    int G = j->c->group;
+    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G; /* groups without padding */
+    lanes_t t[MAXG];
+    for (; g + L <= g1 && g + L <= full; g += L) {
+        load_batch(j->x, j->dt, g, G, t);
+        encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+    }
     float v[MAXG];
-    for (int64_t g = g0; g < g1; g++) {
+    for (; g < g1; g++) {
         load_group(j->x, j->dt, g * G, j->n, G, v);
         encode_group(j->c, v, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
     }
 }
 
-CONST_G_RANGE(encode)
-
-INLINE void decode_body(const job_t* j, int64_t g0, int64_t g1, int G) {
-    int64_t pb = payload_bytes(j->c);
+static void decode_range(const void* p, int64_t g0, int64_t g1) {
+    const job_t* j = (const job_t*)p;
+    int G = j->c->group;
+    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
+    lanes_t t[MAXG];
+    for (; g + L <= g1 && g + L <= full; g += L) {
+        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t);
+        store_batch(t, j->dt, g, G, j->y);
+    }
     float v[MAXG];
-    for (int64_t g = g0; g < g1; g++) {
+    for (; g < g1; g++) {
         decode_group(j->c, j->iq + g * pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, v, G);
         store_group(v, j->dt, g * G, j->n, G, j->y);
     }
 }
 
-CONST_G_RANGE(decode)
-
-INLINE void dsum_body(const job_t* j, int64_t g0, int64_t g1, int G) {
-    int64_t pb = payload_bytes(j->c);
+static void dsum_range(const void* p, int64_t g0, int64_t g1) {
+    const job_t* j = (const job_t*)p;
+    int G = j->c->group;
+    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
+    int nterms = j->nchunks + (j->own != NULL);
+    lanes_t at[MAXG], t[MAXG];
+    for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
+        for (int tt = 0, k = 0; tt < nterms; tt++) {
+            if (j->own != NULL && tt == j->own_index) {
+                load_batch(j->own, j->own_dt, g, G, t);
+            } else {
+                int64_t o = (k++) * j->stride;
+                const uint8_t* s1 = j->is1 ? j->is1 + o + 4 * g : NULL;
+                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, t);
+            }
+            for (int i = 0; i < G; i++)
+                for (int l = 0; l < L; l++) at[i][l] = tt == 0 ? t[i][l] : at[i][l] + t[i][l];
+        }
+        if (j->sum) store_batch(at, DT_F32, g, G, j->sum);
+        encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+    }
     float acc[MAXG], v[MAXG];
-    for (int64_t g = g0; g < g1; g++) {
+    for (; g < g1; g++) {
         int64_t valid = j->n - g * G;
-        int nterms = j->nchunks + (j->own != NULL);
         for (int t = 0, k = 0; t < nterms; t++) {
             if (j->own != NULL && t == j->own_index) {
                 load_group(j->own, j->own_dt, g * G, j->n, G, v);
@@ -370,8 +523,6 @@ INLINE void dsum_body(const job_t* j, int64_t g0, int64_t g1, int G) {
         encode_group(j->c, acc, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
     }
 }
-
-CONST_G_RANGE(dsum)
 
 static int64_t groups(const cfg_t* c, int64_t n) { return (n + c->group - 1) / c->group; }
 
