@@ -1,7 +1,8 @@
 """Fused compression operators for the codec families (DESIGN.md 2: codec <- kernels <- comm).
 
 Importing this package registers two backends in `taco.codec`'s registry:
-- "compile" (CPU): one native C pass per group, built once per machine (`native.py`, ~1 s, cached);
+- "compile" (CPU): one native C pass per batch of groups, built once per machine (`native.py`,
+  ~2 s, cached on disk; ~10x the eager reference on 16M bf16 elements, encode + decode);
   results within one FP8/INT step of the reference where summation order differs (see tests).
 - "triton" (CUDA, or anywhere under TRITON_INTERPRET=1): fused Triton kernels (`triton_taco.py`),
   imported lazily on first use and only if triton is importable.

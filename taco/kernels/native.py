@@ -1,7 +1,7 @@
 """Build, cache and bind the native CPU kernels of `cpu_source.py` (plain C, loaded with ctypes).
 
 The shared library is compiled once per machine with the system C compiler (`$CC`, else cc/gcc),
-about a second, into `$TACO_CACHE_DIR/kernels` (default `~/.cache/taco/kernels`, else a temp
+about 2 s, into `$TACO_CACHE_DIR/kernels` (default `~/.cache/taco/kernels`, else a temp
 dir), keyed by a hash of the source, the flags and the CPU, and renamed into place atomically, so
 concurrent ranks may race to build it safely. No torch headers, no OpenMP (short-lived pthreads:
 safe after fork). If nothing can be built, `library()` returns None and callers use the eager

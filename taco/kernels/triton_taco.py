@@ -260,7 +260,7 @@ def _decode_sum_encode_kernel(
             if t == own_index:
                 y = _load_x(own_ptr, idx, n, OWN_IN)
             else:
-                k = t - (t > own_index).to(tl.int32)
+                k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
                 y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows,
                                  ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT)  # fmt: skip
             y = tl.where(idx < n, y, 0.0)
