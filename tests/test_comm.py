@@ -7,7 +7,11 @@ every other rank's tensor and the exact (fp64) reference.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -87,7 +91,10 @@ def _sqnr_body(rank: int, world: int, numel: int, dtype: torch.dtype) -> tuple[f
     return sqnr_db(ref, y), sqnr_db(ref, TACO.roundtrip(ref.float())), y
 
 
-@pytest.mark.parametrize("world,numel", [(2, 64 * 128 + 77), (4, 32 * 128 + 5), (8, 16 * 128 + 3)])
+@pytest.mark.parametrize(
+    "world,numel",
+    [(2, 64 * 128 + 77), (4, 32 * 128 + 5), pytest.param(8, 16 * 128 + 3, marks=pytest.mark.slow)],
+)
 def test_taco_all_reduce_sqnr_within_3_5_db_of_single_pass(world, numel):
     res = run_distributed(_sqnr_body, world, numel, torch.bfloat16)
     for sqnr, single, y in res:
@@ -225,6 +232,8 @@ def _async_slices_body(rank: int, world: int) -> list[tuple[str, bool]]:
         b = tc.all_reduce(x, site="b", policy=policy, slices=k)
         same_bytes = policy.stats["a"].wire_bytes == policy.stats["b"].wire_bytes
         out.append((f"slices={k}", torch.equal(a, b) and same_bytes))
+    big = _inputs(world, (5 << 19,), seed=4)[rank]  # 2.5 MiB of bf16: sliced in 2 by default
+    out.append(("default slicing", torch.equal(tc.all_reduce(big), tc.all_reduce(big, slices=1))))
     hs = [tc.all_reduce(x, slices=3, async_op=True), tc.all_reduce(x * 2, async_op=True)]
     out.append(
         ("two in flight", torch.equal(hs[0].wait(), sync) and torch.equal(hs[1].wait(), tc.all_reduce(x * 2)))
@@ -319,6 +328,10 @@ def test_policy_codec_for_without_distributed():
     assert p.codec_for("x", 49, torch.bfloat16) is None and p.codec_for("x", 50, torch.bfloat16) is not None
     assert p.codec_for(None, 10**6, torch.float32) is not None
     assert tc.make_codec("int8-hadamard(group_size=32)").spec == "int8-hadamard(group_size=32)"
+    d = tc.CommPolicy()
+    assert d.slices == 4 and d.slices_for(100) == 1
+    assert d.slices_for(3 << 20) == 3 and d.slices_for(1 << 30) == 4
+    assert tc.CommPolicy(slices=2, min_slice_bytes=10).slices_for(100) == 2
     assert tc.make_codec("none") is None and tc.make_codec(taco.get_codec("none")) is None
     with pytest.raises(ValueError, match="choose one of"):
         tc.CommPolicy(overrides={"a": "bogus"})
@@ -405,3 +418,68 @@ def test_group_of_one_subgroups_and_send_recv():
     for rank_result in run_distributed(_groups_p2p_body, 4):
         bad = [name for name, ok in rank_result if not ok]
         assert not bad, bad
+
+
+# -- the benchmark and the capped network namespace ---------------------------------------------------
+def _bench(argv: list[str], path) -> list[dict]:
+    from taco.bench.comm import main
+
+    threads = torch.get_num_threads()
+    try:
+        assert main([*argv, "--repeats", "1", "--json", str(path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(path.read_text())
+
+
+def test_bench_comm_runs_every_variant_and_writes_json(tmp_path):
+    argv = ["--sizes", "64K", "--world", "2", "--slices", "1,2", "--ops", "all_reduce,all_gather"]
+    rows = _bench(argv, tmp_path / "comm.json")["rows"]
+    got = {(r["op"], r["codec"], r["slices"]) for r in rows}
+    want = {("all_reduce", "bf16", 1), ("all_reduce", "taco", 1), ("all_reduce", "taco", 2)}
+    assert got == want | {("all_gather", "bf16", 1), ("all_gather", "taco", 1)}
+    for r in rows:
+        if r["codec"] == "taco":
+            assert r["raw_bytes"] / r["wire_bytes"] >= 1.88 and r["buffers_repeat"] == 0 and r["sqnr_db"] > 28
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
+    reason="network namespaces need root and iproute2",
+)
+
+
+@needs_root
+def test_netns_caps_lo_and_always_deletes_the_namespace():
+    from taco.bench.netns import NetNamespace
+
+    ns = NetNamespace(rate_mbit=50)
+    with pytest.raises(RuntimeError, match="inside"), ns:
+        assert ns.exists()
+        cmd = ns.command(["tc", "qdisc", "show", "dev", "lo"])
+        show = subprocess.run(cmd, capture_output=True, text=True)
+        assert "tbf" in show.stdout and "50Mbit" in show.stdout
+        raise RuntimeError("inside")
+    assert not ns.exists()
+    broken = NetNamespace(rate_mbit=50, burst="not-a-size")  # tc fails after `ip netns add`
+    with pytest.raises(RuntimeError, match="tbf"), broken:
+        pass
+    assert not broken.exists()
+
+
+def test_netns_without_root_says_so(monkeypatch):
+    from taco.bench import netns
+
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(netns.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    with pytest.raises(SystemExit, match="needs root"):
+        netns.NetNamespace(10).__enter__()
+
+
+@needs_root
+def test_bench_comm_reexecutes_inside_a_capped_namespace(tmp_path):
+    data = _bench(["--sizes", "64K", "--world", "2", "--rate", "200"], tmp_path / "capped.json")
+    assert "tbf rate 200 Mbit/s" in data["meta"]["link"]
+    assert {r["codec"] for r in data["rows"]} == {"bf16", "taco"}
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "taco-" not in names

@@ -21,9 +21,16 @@ import torch.distributed as dist
 
 from ..codec import Codec
 from ..codec.base import FLOAT_DTYPES
-from .compressed import Ctx, all_gather_into, all_gather_steps, all_reduce_steps, reduce_scatter_steps
+from .compressed import (
+    Ctx,
+    all_gather_into,
+    all_gather_steps,
+    all_reduce_steps,
+    reduce_scatter_into,
+    reduce_scatter_steps,
+)
 from .handles import Handle, Steps
-from .policy import BufferCache, CodecSpec, CommPolicy, make_codec
+from .policy import BufferCache, CodecSpec, CommPolicy, default_slices, make_codec
 from .stats import Clock
 
 log = logging.getLogger("taco.comm")
@@ -184,14 +191,16 @@ def all_reduce(
     """Sum of x over the group's ranks, the same on every rank (DESIGN.md 1.3, two-shot).
 
     x: any shape, bf16/fp16/fp32 (others go plain) -> a new tensor of x's shape and dtype.
-    `slices=k` pipelines k slices (encode of slice i+1 and decode of i-1 overlap slice i's
-    transfer); default: the policy's `slices`, else 1. Slicing never changes the result.
-    Measured default (`python -m taco.bench.comm`, 2 gloo ranks on lo capped by tc, 16 MiB bf16):
-    see `CommPolicy.slices`; unsliced stays the default because on a CPU-bound codec the gain
-    depends on spare cores.
+    `slices=k` pipelines exactly k slices (encoding slice i+1 and decoding slice i-1 overlap
+    slice i's transfer; k is capped so that no slice splits a codec group). Default: the
+    policy's `slices_for(bytes)`, without a policy up to 4 slices of >= 1 MiB each, the measured
+    best (numbers under `CommPolicy.slices`). Slicing never changes the result or the bytes.
     """
     call = _Call("all_reduce", x, group, codec, site, policy)
-    k = slices if slices is not None else (policy.slices if policy is not None else 1)
+    if slices is not None:
+        k = slices
+    else:
+        k = policy.slices_for(_bytes(x)) if policy is not None else default_slices(_bytes(x))
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"slices must be an int >= 1, got {slices!r}")
     if call.world == 1:
@@ -284,7 +293,7 @@ def reduce_scatter(
     if call.codec is None:
         xt = x.movedim(d, 0).contiguous()
         out = torch.empty((xt.shape[0] // n, *xt.shape[1:]), dtype=x.dtype, device=x.device)
-        steps = call.issue(lambda: dist.reduce_scatter_tensor(out, xt, group=group, async_op=True), out)
+        steps = call.issue(lambda: reduce_scatter_into(out, xt, group=group, async_op=True), out)
         return call.run(_then(steps, lambda y: y.movedim(0, d).contiguous() if d else y), async_op)
     if x.numel() == 0:
         return call.run(x.new_empty(shape), async_op)

@@ -23,8 +23,9 @@ from .handles import Steps
 from .policy import BufferCache
 from .stats import Clock, SiteStats
 
-# torch >= 2.13 renamed all_gather_into_tensor (the old name warns); same collective.
+# torch >= 2.13 renamed the *_tensor collectives to *_single (the old names warn); same collectives.
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass
