@@ -176,6 +176,11 @@ def _shapes_body(rank: int, world: int) -> list[tuple[str, bool]]:
     same = [torch.equal(tc.all_reduce(x64, site="f64", policy=policy), ref) for _ in range(3)]
     out.append(("float64 plain", all(same) and policy.stats["f64"].fallbacks == 3))
     out.append(("one log line", len(seen) == 1 and "float64" in seen[0]))
+    sparse = torch.sparse_coo_tensor([[rank, 3]], [1.0, 2.0], (5,))
+    ref = sparse.clone()
+    dist.all_reduce(ref)
+    y = tc.all_reduce(sparse, site="sparse", policy=policy)
+    out.append(("sparse plain", torch.equal(y.to_dense(), ref.to_dense()) and "sparse" in seen[-1]))
     return out
 
 

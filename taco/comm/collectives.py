@@ -108,7 +108,7 @@ class _Call:
             log.warning("taco.comm.%s site %r: %s; using the plain collective", self.op, self.name, reason)
 
     def check_same(self, extra: str = "") -> None:
-        """Raise ValueError on every rank if shapes/dtypes/codecs differ across ranks (opt-in check)."""
+        """Raise ValueError on every rank if shape/dtype/codec differ (`CommPolicy.check_sizes`)."""
         if not self.wants_check() or self.world == 1:
             return
         desc = self.describe(extra)
@@ -159,6 +159,8 @@ class _Call:
 
 
 def _copy(x: torch.Tensor) -> torch.Tensor:
+    if x.layout != torch.strided:  # sparse: no memory format
+        return x.clone()
     return x.clone(memory_format=torch.contiguous_format)
 
 

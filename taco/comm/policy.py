@@ -117,11 +117,12 @@ class CommPolicy:
     """messages smaller than this (input bytes) use the plain collective"""
     slices: int = DEFAULT_SLICES
     """most pipelined slices of a compressed all-reduce, each of at least `min_slice_bytes`.
-    Measured (`python -m taco.bench.comm`, 2 gloo ranks, 1 thread each, on this repo's 2-core
-    CPU box; speedup over plain bf16, unsliced -> 4 slices): lo capped at 68 Mbit/s (codec ~50x
-    the link's bf16 rate) 16 MiB 1.77x -> 1.86x, 64 MiB 1.65x -> 1.85x; 4 ranks 16 MiB 1.84x ->
-    1.88x; at 300 Mbit/s (~23x) 16 MiB 1.32x -> 2.10x; uncapped lo 64 MiB 0.46x -> 0.61x, but
-    <= 1 MiB messages lose with slices (per-collective latency), hence the 1 MiB floor."""
+    Measured with `python -m taco.bench.comm` (gloo ranks, 1 thread each, 2-core CPU box;
+    speedup over plain bf16, unsliced -> 4 slices): lo capped at 132 Mbit/s, where the codec
+    encodes ~50x (41-61x) the link's bf16 element rate: 2 ranks 16 MiB 1.69x -> 1.81x, 64 MiB
+    1.71x -> 1.77x; 4 ranks 16 MiB 1.86x -> 1.87x; same link, eager codec (14x): 1.41x -> 1.79x.
+    Uncapped lo, where compression loses anyway: 64 MiB 0.56x -> 0.70x but 16 MiB 0.64x -> 0.58x
+    and <= 1 MiB 0.38x -> 0.26x (per-collective latency), hence the 1 MiB floor."""
     min_slice_bytes: int = MIN_SLICE_BYTES
     """slices hold at least this many input bytes (smaller messages use fewer slices)"""
     check_sizes: bool | None = None

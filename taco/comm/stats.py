@@ -55,7 +55,7 @@ class SiteStats:
 
     def note_result(self, y: torch.Tensor) -> None:
         """Count a non-finite result without a device sync (CUDA flags are summed lazily)."""
-        if y.numel() == 0 or not y.is_floating_point():
+        if y.numel() == 0 or not y.is_floating_point() or y.layout != torch.strided:
             return
         flag = torch.logical_not(torch.isfinite(y)).any()
         if y.device.type == "cpu":
