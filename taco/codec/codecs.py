@@ -37,7 +37,7 @@ _BACKENDS: dict[tuple[str, str], tuple[Callable, Callable]] = {}
 # the wire bytes; False/None declines (e.g. an unsupported device) and the pair above is used.
 _WIRE: dict[tuple[str, str], tuple[Callable, Callable]] = {}
 _AUTO: dict[str, list[str]] = {"cpu": [], "cuda": []}
-BACKENDS = ("auto", "eager", "compile", "triton")
+BACKENDS = ("auto", "eager", "compile", "inductor", "triton")
 
 
 def register_backend(

@@ -4,6 +4,7 @@ Importing this package registers two backends in `taco.codec`'s registry:
 - "compile" (CPU): one native C pass per batch of groups, built once per machine (`native.py`,
   ~2 s, cached on disk; ~10x the eager reference on 16M bf16 elements, encode + decode);
   results within one FP8/INT step of the reference where summation order differs (see tests).
+- "inductor" (opt-in, any device): `torch.compile` of the reference functions (`inductor.py`).
 - "triton" (CUDA, or anywhere under TRITON_INTERPRET=1): fused Triton kernels (`triton_taco.py`),
   imported lazily on first use and only if triton is importable.
 backend="auto" then picks "compile" on CPU and "triton" on CUDA. `TACO_CODEC_BACKEND` overrides
@@ -31,7 +32,7 @@ import torch
 from taco.codec import register_backend, set_auto_backends
 from taco.codec.base import Codec
 
-from . import compiled
+from . import compiled, inductor
 
 __all__ = [
     "auto_order",
@@ -109,6 +110,8 @@ def resolve_auto(choice: str, triton_ok: bool, interpret: bool = False) -> dict[
 
 
 def _register() -> dict[str, list[str]]:
+    for fam, (enc, dec) in inductor.FUNCTIONS.items():
+        register_backend(fam, "inductor", enc, dec)
     for fam, (enc, dec) in _FAMILIES.items():
         fns = (getattr(compiled, enc), getattr(compiled, dec), _compile_encode_into, _compile_decode_from)
         register_backend(fam, "compile", *fns)
