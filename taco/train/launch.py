@@ -1,6 +1,7 @@
 """Start the ranks of a training run and drive the loop: spawn locally or join a torchrun job.
 
-`launch(cfg)` returns rank 0's summary (final validation loss, tokens/s, wire bytes per step).
+`launch(cfg)` returns rank 0's summary (final validation loss, tokens/s, and per axis tp/pp/dp
+the wire and raw bytes per step: what one rank sends, averaged over the ranks of the job).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from taco.parallel import ParallelDims
+from taco.parallel import ParallelDims, stage_layers
 from taco.train.checkpoint import check_mesh, find_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import resolve_data_dir
@@ -77,31 +78,35 @@ def _capture_fn(cfg: Config, trainer: Any, rank_in_tp: int):
 
 def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
     """The whole run on this rank (process group already initialised)."""
-    from taco.train.trainer import Trainer
+    from taco.train.trainer import AXES, Trainer
 
     rank, world = dist.get_rank(), dist.get_world_size()
     p = cfg.parallel
     dims = ParallelDims(dp=p.dp, pp=p.pp, tp=p.tp, sp=p.sp).build()
     log = rank == 0
-    trainer = Trainer(cfg, dims, data_dir, log)
+    # ZeRO-1 (sharded AdamW state over DP) when a config field `parallel.zero` exists (not yet).
+    trainer = Trainer(cfg, dims, data_dir, log, zero=bool(getattr(p, "zero", False)))
     trainer.maybe_resume()
     if cfg.train.capture_dir:
         trainer.model._taco_tp.capture = _capture_fn(cfg, trainer, dims.tp_rank)
     out_dir = Path(cfg.train.out_dir)
     logger = _Logger(out_dir, log)
+    c = cfg.compression
     if log:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.toml").write_text(config_to_toml(cfg))
-        n = sum(p.numel() for p in trainer.model.parameters())
+        n = sum(q.numel() for q in trainer.model.parameters())
         print(
             f"[taco] {cfg.model.kind} {dims} world={world} params/rank={n / 1e6:.2f}M "
-            f"tp_codec={cfg.compression.tp_codec} out={out_dir}",
+            f"microbatches={p.microbatches} schedule={p.pp_schedule} codecs: tp={c.tp_codec} "
+            f"pp={c.pp_codec} dp={c.dp_codec} out={out_dir}",
             flush=True,
         )
     t = cfg.train
     tokens_per_step = t.batch_size * cfg.model.seq_len
     t_train = 0.0
-    wire_sum = raw_sum = 0
+    wire_sum = dict.fromkeys(AXES, 0.0)
+    raw_sum = dict.fromkeys(AXES, 0.0)
     steps_done = 0
     val = float("nan")
     start_step = trainer.step
@@ -109,8 +114,9 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
         st = trainer.train_step()
         step = trainer.step
         t_train += st.seconds
-        wire_sum += st.wire_bytes
-        raw_sum += st.raw_bytes
+        for a in AXES:
+            wire_sum[a] += st.wire_bytes[a]
+            raw_sum[a] += st.raw_bytes[a]
         steps_done += 1
         rec: dict[str, Any] = {
             "step": step,
@@ -118,9 +124,10 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
             "lr": trainer.opt.param_groups[0]["lr"],
             "grad_norm": st.grad_norm,
             "step_s": st.seconds,
-            "tp_wire_bytes": st.wire_bytes,
-            "tp_raw_bytes": st.raw_bytes,
         }
+        for a in AXES:
+            rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
+            rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
         if step % t.eval_interval == 0 or step == t.steps:
             val = trainer.evaluate()
             rec["val_loss"] = val
@@ -132,25 +139,35 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
             eta = (t.steps - step) * t_train / steps_done
             bar = "#" * int(20 * step / t.steps)
             extra = f" val {val:.4f}" if "val_loss" in rec else ""
+            wire = " ".join(
+                f"{a} {st.wire_bytes[a] / 2**20:.2f}/{st.raw_bytes[a] / 2**20:.2f}"
+                for a in AXES
+                if st.raw_bytes[a]
+            )
             print(
                 f"[{bar:<20}] step {step:>5}/{t.steps} loss {st.loss:.4f}{extra} lr {rec['lr']:.2e} "
-                f"{tps:,.0f} tok/s tp-wire {st.wire_bytes / 2**20:.2f} MiB/step eta {eta:.0f}s",
+                f"{tps:,.0f} tok/s wire/raw MiB/step {wire or '-'} eta {eta:.0f}s",
                 flush=True,
             )
     logger.close()
+    n = max(steps_done, 1)
     summary = {
         "final_val_loss": val,
         "steps": trainer.step,
         "resumed_from": start_step,
         "tokens_per_s": tokens_per_step * steps_done / max(t_train, 1e-9),
-        "tp_wire_bytes_per_step": wire_sum / max(steps_done, 1),
-        "tp_raw_bytes_per_step": raw_sum / max(steps_done, 1),
+        **{f"{a}_wire_bytes_per_step": wire_sum[a] / n for a in AXES},
+        **{f"{a}_raw_bytes_per_step": raw_sum[a] / n for a in AXES},
         "mesh": str(dims),
-        "tp_codec": cfg.compression.tp_codec,
+        "microbatches": p.microbatches,
+        "pp_schedule": str(p.pp_schedule),
+        "tp_codec": c.tp_codec,
+        "pp_codec": c.pp_codec,
+        "dp_codec": c.dp_codec,
     }
-    if trainer.policy is not None and log:
-        (out_dir / "comm_stats.txt").write_text(trainer.policy.stats.summary())
     if log:
+        stats = "\n\n".join(f"[{a}]\n{trainer.policies[a].stats.summary()}" for a in AXES)
+        (out_dir / "comm_stats.txt").write_text(stats + "\n")
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -183,23 +200,35 @@ def _spawned(rank: int, world: int, port: int, cfg: Config, data_dir: Path, out:
         dist.destroy_process_group()
 
 
+def check_start_up(cfg: Config) -> None:
+    """Mesh problems the config alone cannot see, raised before any rank starts (ValueError)."""
+    p, m = cfg.parallel, cfg.model
+    n_layer = m.n_layer
+    hf = Path(m.init_from) / "config.json" if m.init_from else None
+    if hf is not None and hf.is_file():  # an HF checkpoint decides the depth
+        meta = json.loads(hf.read_text())
+        n_layer = int(meta.get("n_layer", meta.get("num_hidden_layers", n_layer)))
+    stage_layers(n_layer, p.pp, 0)  # ValueError naming the fix when pp > layers
+
+
 def launch(cfg: Config) -> dict[str, Any]:
     """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank."""
     if not cfg.train.out_dir:
         cfg.train.out_dir = str(Path("runs") / (cfg.train.name or "run"))
     world = cfg.parallel.world_size
     p = cfg.parallel
-    if p.pp > 1:
-        raise ValueError("parallel.pp > 1 (pipeline parallelism) is not available yet: set parallel.pp=1")
+    check_start_up(cfg)
     resume_dir = find_checkpoint(cfg.train.resume, cfg.train.out_dir)
     if resume_dir is not None:
         check_mesh(resume_dir, {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)})
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        dist.init_process_group(_backend(cfg), timeout=datetime.timedelta(seconds=300))
-        if dist.get_world_size() != world:
+        started = int(os.environ["WORLD_SIZE"])
+        if started != world:  # before joining: a wrong mesh must not hang in init_process_group
             raise ValueError(
-                f"parallel.dp*pp*tp = {world} but torchrun started {dist.get_world_size()} ranks"
+                f"parallel.dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {world} but torchrun started {started} "
+                "ranks: change parallel.dp/pp/tp or torchrun's --nproc-per-node/--nnodes"
             )
+        dist.init_process_group(_backend(cfg), timeout=datetime.timedelta(seconds=300))
         if dist.get_rank() == 0:
             resolve_data_dir(cfg.data, prepare=True)
         dist.barrier()

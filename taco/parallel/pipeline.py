@@ -1,0 +1,335 @@
+"""Pipeline parallelism: cut a model into stages and run micro-batches through them (1F1B, GPipe).
+
+Why this file exists: the PP axis of the 3D mesh (DESIGN.md 1.5). A `PipelineStage` keeps the
+layers of one contiguous range (embedding on the first stage, final norm and head on the last);
+a `PipelineEngine` runs a schedule of micro-batches over the stages, moving activations forward
+and activation gradients backward with `taco.comm.send/recv`, through a codec per direction
+(sites `pp.act` and `pp.grad`; the receiving side records `pp.act.recv` / `pp.grad.recv`).
+
+Schedules are data: per stage a list of actions (`fwd`, `bwd`, `send_fwd`, `recv_fwd`,
+`send_bwd`, `recv_bwd`, each with its micro-batch), so the order of point-to-point operations is
+written once and tested for deadlock freedom without processes (tests/test_pipeline.py).
+Ordering assumptions: `taco.comm.send/recv` block, and a gloo send may wait until its receiver
+has posted the matching recv (rendezvous), so any two neighbours must never both send first.
+GPipe only sends one way at a time. 1F1B (Megatron, arXiv 2104.04473) has two steady-state
+exchanges in which neighbours send to each other (Megatron's `send_forward_recv_backward` and
+`send_backward_recv_forward`); there even stages send first and odd stages receive first, so
+each pair (p, p+1) always has one sender and one receiver. Within a direction, messages between
+two ranks match in order (same tag), and every TP rank of a stage runs the same actions.
+With TP inside a stage the activation [b, s, h] is replicated over the TP group (with SP each TP
+rank holds [b, s/tp, h]): TP rank t of stage i sends to TP rank t of stage i+1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
+
+from taco import comm
+from taco.codec import Codec
+
+from .dims import ParallelDims
+
+Action = tuple[str, int]
+"""(kind, micro-batch): kind in fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd."""
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def stage_layers(n_layer: int, n_stages: int, stage: int) -> range:
+    """The layers of `stage`: contiguous, balanced; the first `n_layer % n_stages` stages get one more."""
+    if n_stages > n_layer:
+        raise ValueError(
+            f"parallel.pp = {n_stages} is larger than the number of layers ({n_layer}): every stage "
+            f"needs at least one layer; use parallel.pp <= {n_layer} or a deeper model"
+        )
+    base, extra = divmod(n_layer, n_stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (stage < extra))
+
+
+class _Elsewhere(nn.Module):
+    """Stands in for a layer another stage owns: passes x through, keeps global layer names."""
+
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return x
+
+
+def _hidden(model: nn.Module) -> int:
+    cfg = model.config
+    return getattr(cfg, "n_embd", None) or cfg.hidden_size
+
+
+class PipelineStage(nn.Module):
+    """One stage of a GPT/Qwen model: embed (first stage), its layers, head (last stage).
+
+    Cut a model after `apply_tensor_parallel` (the TP hooks of dropped layers go with them).
+    Parameter names stay global (`model.layers.5.attn.q.weight` on the stage that owns layer 5).
+    Tied embeddings with several stages: the last stage keeps its own copy of the (TP-sharded)
+    embedding weight as `lm_head.weight`, equal at start; `sync_tied_grads` sums the two copies'
+    gradients over the (first, last) pair so that they stay equal (Megatron's embedding group).
+    """
+
+    def __init__(self, model: nn.Module, stage: int, n_stages: int) -> None:
+        super().__init__()
+        self.stage, self.n_stages = stage, n_stages
+        self.layers = stage_layers(len(model.layers), n_stages, stage)
+        self.is_first, self.is_last = stage == 0, stage == n_stages - 1
+        self.hidden = _hidden(model)
+        self.tied = model.lm_head.weight is model.tok_emb.weight
+        for i in range(len(model.layers)):
+            if i not in self.layers:
+                model.layers[i] = _Elsewhere()
+        if not self.is_first:
+            model.tok_emb = None
+            if getattr(model, "pos_emb", None) is not None:
+                model.pos_emb = None
+        if not self.is_last:
+            model.norm = None
+            model.lm_head = None
+        self.model = model
+        if self.tied and n_stages > 1 and self.is_last:
+            model.lm_head.weight._taco_pp_copy = True  # counted once in norms (on the first stage)
+
+    @property
+    def tied_weight(self) -> nn.Parameter | None:
+        """This stage's copy of a tied embedding weight shared with another stage (else None)."""
+        if not self.tied or self.n_stages == 1 or not (self.is_first or self.is_last):
+            return None
+        return self.model.tok_emb.weight if self.is_first else self.model.lm_head.weight
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: token ids [b, s] (first stage) or activations [b, s(/tp), h]; positions: [s] (full)."""
+        if self.is_first:
+            x = self.model.embed(x)  # [b, s, h]
+        x = self.model.run_layers(x, positions)  # [b, s(/tp with SP), h]
+        return self.model.head(x) if self.is_last else x  # logits [b, s, V/tp] or [b, s(/tp), h]
+
+
+def embedding_group(dims: ParallelDims, tied: bool) -> dist.ProcessGroup | None:
+    """The (first, last) stage pair of this rank's (dp, tp) coordinates, for tied embeddings.
+
+    Collective: every rank calls it (new groups are created in the same order everywhere).
+    None when there is nothing to sum (pp == 1, untied weights, or a middle stage).
+    """
+    if dims.pp == 1 or not tied:
+        return None
+    if dims.pp == 2:
+        return dims.group("pp")
+    mine = None
+    for d in range(dims.dp):
+        for t in range(dims.tp):
+            ranks = [dims.rank_of(d, 0, t), dims.rank_of(d, dims.pp - 1, t)]
+            g = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                mine = g
+    return mine
+
+
+def sync_tied_grads(stage: PipelineStage, group: dist.ProcessGroup | None) -> None:
+    """Sum the gradients of the two tied-embedding copies over the (first, last) pair (plain)."""
+    w = stage.tied_weight
+    if group is None or w is None:
+        return
+    if w.grad is None:
+        w.grad = torch.zeros_like(w)
+    dist.all_reduce(w.grad, group=group)
+
+
+# -- schedules ----------------------------------------------------------------------------------
+def gpipe_actions(stage: int, n_stages: int, n_micro: int) -> list[Action]:
+    """All forwards, then all backwards (GPipe, arXiv 1811.06965); sends flow one way at a time."""
+    first, last = stage == 0, stage == n_stages - 1
+    acts: list[Action] = []
+    for k in range(n_micro):
+        acts += [("recv_fwd", k)] * (not first) + [("fwd", k)] + [("send_fwd", k)] * (not last)
+    for k in range(n_micro):
+        acts += [("recv_bwd", k)] * (not last) + [("bwd", k)] + [("send_bwd", k)] * (not first)
+    return acts
+
+
+def one_f_one_b_actions(stage: int, n_stages: int, n_micro: int) -> list[Action]:
+    """1F1B: warm up with n_stages - stage - 1 forwards, alternate, cool down with the backwards.
+
+    At most n_stages - stage micro-batches are in flight on a stage (bounded activation memory).
+    """
+    first, last = stage == 0, stage == n_stages - 1
+    warm = min(n_stages - stage - 1, n_micro)
+    steady = n_micro - warm
+    acts: list[Action] = []
+
+    def one(kind: str, k: int) -> list[Action]:
+        skip = (first and kind in ("recv_fwd", "send_bwd")) or (last and kind in ("send_fwd", "recv_bwd"))
+        return [] if skip else [(kind, k)]
+
+    def pair(send: Action, recv: Action) -> list[Action]:
+        a, b = one(*send), one(*recv)
+        return a + b if stage % 2 == 0 else b + a  # even stages send first, odd stages receive first
+
+    for k in range(warm):
+        acts += one("recv_fwd", k) + [("fwd", k)] + one("send_fwd", k)
+    if steady:
+        acts += one("recv_fwd", warm)
+    for i in range(steady):
+        k = warm + i
+        acts += [("fwd", k)] + pair(("send_fwd", k), ("recv_bwd", i)) + [("bwd", i)]
+        acts += one("send_bwd", i) if i == steady - 1 else pair(("send_bwd", i), ("recv_fwd", k + 1))
+    for i in range(steady, n_micro):
+        acts += one("recv_bwd", i) + [("bwd", i)] + one("send_bwd", i)
+    return acts
+
+
+def schedule_actions(name: str, stage: int, n_stages: int, n_micro: int) -> list[Action]:
+    if name == "1f1b":
+        return one_f_one_b_actions(stage, n_stages, n_micro)
+    if name == "gpipe":
+        return gpipe_actions(stage, n_stages, n_micro)
+    raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {SCHEDULES}")
+
+
+def _free(t: torch.Tensor) -> None:
+    """Drop an output's storage once it is sent; its autograd node stays (Megatron's trick)."""
+    t.data = torch.empty((1,), dtype=t.dtype, device=t.device)
+
+
+def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
+    # The engine directly: `torch.autograd.backward` would compare grad's shape with the freed out.
+    g = grad if grad is not None else torch.ones_like(out)  # the last stage: d loss / d loss
+    Variable._execution_engine.run_backward((out,), (g,), False, False, (), True, True)
+
+
+class PipelineEngine:
+    """Runs one step's micro-batches through this rank's stage by a schedule.
+
+    `module` is what the forward calls: the stage, or DDP(stage) (then every forward runs under
+    `no_sync` and only the step's last backward prepares DDP's gradient reduction).
+    `policy` (a `taco.comm.CommPolicy`) picks the codec of sites `pp.act` and `pp.grad` and keeps
+    their statistics; None: plain send/recv.
+    """
+
+    def __init__(
+        self,
+        stage: PipelineStage,
+        dims: ParallelDims,
+        *,
+        module: nn.Module | None = None,
+        policy: comm.CommPolicy | None = None,
+        schedule: str = "1f1b",
+        act_dtype: torch.dtype = torch.float32,
+        autocast: bool = False,
+    ) -> None:
+        schedule_actions(schedule, 0, 1, 1)  # validates the name
+        self.stage, self.dims, self.policy, self.schedule = stage, dims, policy, schedule
+        self.module = module if module is not None else stage
+        self.act_dtype, self.autocast = act_dtype, autocast
+        self.group = dims.group("pp") if dims.pp > 1 else None
+        ranks = dims.ranks("pp") if dims.pp > 1 else [None]
+        p = stage.stage
+        self.prev = ranks[p - 1] if p > 0 else None
+        self.next = ranks[p + 1] if p < len(ranks) - 1 else None
+        tp = getattr(stage.model, "_taco_tp", None)
+        self.seq_shards = tp.size if tp is not None and tp.sp else 1
+
+    # -- point to point ----------------------------------------------------------------------
+    def _codec(self, what: str, like: torch.Tensor, policy: comm.CommPolicy | None) -> Codec | None:
+        # Resolved by the sending site's name on both ends, so sender and receiver always agree.
+        return policy.codec_for(f"pp.{what}", like.numel(), like.dtype) if policy is not None else None
+
+    def _send(self, t: torch.Tensor, what: str, policy: comm.CommPolicy | None) -> None:
+        peer = self.next if what == "act" else self.prev
+        codec = self._codec(what, t, policy)
+        comm.send(t, peer, self.group, codec=codec, site=f"pp.{what}", policy=policy)
+
+    def _recv(self, what: str, shape: tuple[int, ...], policy: comm.CommPolicy | None) -> torch.Tensor:
+        peer = self.prev if what == "act" else self.next
+        like = torch.empty((), dtype=self.act_dtype).expand(shape)  # shape and dtype only
+        codec = self._codec(what, like, policy)
+        return comm.recv(like, peer, self.group, codec=codec, site=f"pp.{what}.recv", policy=policy)
+
+    # -- running a schedule ------------------------------------------------------------------
+    def _run(
+        self,
+        actions: list[Action],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        n_micro: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        policy: comm.CommPolicy | None,
+        train: bool,
+    ) -> torch.Tensor:
+        if x.shape[0] % n_micro:
+            raise ValueError(f"batch of {x.shape[0]} sequences is not divisible by {n_micro} micro-batches")
+        xs, ys = x.chunk(n_micro), y.chunk(n_micro)  # [b/M, s] each
+        s = x.shape[1]
+        positions = torch.arange(s, device=x.device)  # [s]
+        shape = (xs[0].shape[0], s // self.seq_shards, self.stage.hidden)  # [b/M, s(/tp), h]
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        grads: dict[int, torch.Tensor] = {}
+        total = torch.zeros((), dtype=torch.float32)
+        is_ddp = isinstance(self.module, nn.parallel.DistributedDataParallel)
+        ddp = self.module if train and is_ddp else None
+        module = self.module if train else self.stage
+        last_bwd = n_micro - 1
+        for kind, k in actions:
+            if kind == "recv_fwd":
+                inputs[k] = self._recv("act", shape, policy).requires_grad_(train)
+            elif kind == "fwd":
+                inp = xs[k] if self.stage.is_first else inputs[k]
+                amp = torch.autocast(x.device.type, torch.bfloat16, enabled=self.autocast)
+                with amp, ddp.no_sync() if ddp is not None else nullcontext():
+                    out = module(inp, positions)
+                if self.stage.is_last:
+                    out = loss_fn(out, ys[k]) / n_micro  # scalar
+                    total += out.detach().float()
+                else:
+                    out = out.to(self.act_dtype)  # [b/M, s(/tp), h]
+                outputs[k] = out
+                if not train:
+                    inputs.pop(k, None)
+            elif kind == "send_fwd":
+                out = outputs[k] if train else outputs.pop(k)
+                self._send(out.detach(), "act", policy)
+                _free(out)  # backward needs out's graph, not its values
+            elif kind == "recv_bwd":
+                grads[k] = self._recv("grad", shape, policy)
+            elif kind == "bwd":
+                if ddp is not None and k == last_bwd:  # the step's last backward reduces over DP
+                    ddp.reducer.prepare_for_backward([outputs[k]])
+                _backward(outputs.pop(k), grads.pop(k, None))
+            elif kind == "send_bwd":
+                self._send(inputs.pop(k).grad, "grad", policy)
+        if self.group is not None:  # the loss lives on the last stage; share it with the others
+            dist.all_reduce(total, group=self.group)
+        return total
+
+    def train_step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        n_micro: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Forward and backward of batch x [b, s] -> targets y [b, s] in n_micro micro-batches.
+
+        Gradients accumulate into the stage's parameters (the mean loss over the batch);
+        returns that mean loss on every stage.
+        """
+        actions = schedule_actions(self.schedule, self.stage.stage, self.stage.n_stages, n_micro)
+        return self._run(actions, x, y, n_micro, loss_fn, self.policy, train=True)
+
+    @torch.no_grad()
+    def eval_step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        n_micro: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The mean loss of a batch, forward only, plain (uncompressed) send/recv."""
+        acts = [a for a in gpipe_actions(self.stage.stage, self.stage.n_stages, n_micro) if "fwd" in a[0]]
+        return self._run(acts, x, y, n_micro, loss_fn, None, train=False)

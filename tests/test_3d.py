@@ -1,0 +1,248 @@
+"""3D parallelism (dp, pp, tp) against the single-process reference, and with every axis compressed.
+
+`parallel_step` is the shared body of the pipeline, data-parallel and 3D tests: one training
+step of a tiny GPT/Qwen on a mesh, returning the per-axis statistics and comparing loss and every
+gradient with the unsharded model on the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from taco.comm import CommPolicy
+from taco.models import GPT, GPTConfig, Qwen, QwenConfig
+from taco.parallel import (
+    ColumnParallelLinear,
+    ParallelDims,
+    PipelineEngine,
+    PipelineStage,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    apply_tensor_parallel,
+    embedding_group,
+    sync_tied_grads,
+    sync_tp_partial_grads,
+    vocab_parallel_cross_entropy,
+    wrap_data_parallel,
+)
+from taco.parallel.data_parallel import build_optimizer, hook_state
+from taco.train.launch import launch
+from tests.dist import run_distributed
+from tests.test_train import TEXT, _err, losses, tiny_args
+
+VOCAB, SEQ = 64, 8
+
+
+def tiny(kind: str, n_layer: int = 3) -> nn.Module:
+    if kind == "gpt":  # tied embeddings
+        return GPT(GPTConfig(vocab_size=VOCAB, n_layer=n_layer, n_head=4, n_embd=32, block_size=SEQ))
+    return Qwen(  # untied lm_head
+        QwenConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=n_layer,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+        )
+    )
+
+
+def _ref_grad(ref: nn.Module, mod: nn.Module, full: str, pname: str, tp: int, r: int) -> torch.Tensor:
+    ref_params = dict(ref.named_parameters())
+    g = ref_params[full if full in ref_params else "tok_emb.weight"].grad  # tied lm_head: tok_emb
+    if isinstance(mod, (ColumnParallelLinear, VocabParallelEmbedding)):
+        return g.chunk(tp, 0)[r]
+    if isinstance(mod, RowParallelLinear) and pname == "weight":
+        return g.chunk(tp, 1)[r]
+    return g
+
+
+def parallel_step(
+    rank: int,
+    world: int,
+    kind: str,
+    dp: int,
+    pp: int,
+    tp: int,
+    *,
+    sp: bool = False,
+    schedule: str = "1f1b",
+    n_micro: int = 2,
+    n_layer: int = 3,
+    codecs: dict[str, str] | None = None,
+    tol: float | None = 1e-4,
+    zero: bool = False,
+) -> dict:
+    """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set."""
+    torch.manual_seed(0)
+    model = tiny(kind, n_layer)
+    ref = copy.deepcopy(model)
+    batch = 2 * dp * n_micro
+    idx = torch.randint(0, VOCAB, (batch, SEQ))
+    tgt = torch.randint(0, VOCAB, (batch, SEQ))
+    codecs = codecs or {}
+    pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=False) for a in ("tp", "pp", "dp")}
+    dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
+    apply_tensor_parallel(model, None, dims, pol["tp"])
+    stage = PipelineStage(model, dims.pp_rank, pp)
+    emb = embedding_group(dims, stage.tied)
+    module = wrap_data_parallel(stage, dims.group("dp"), codecs.get("dp"), policy=pol["dp"])
+    engine = PipelineEngine(stage, dims, module=module, policy=pol["pp"], schedule=schedule)
+    tp_group = dims.group("tp")
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, y, tp_group).mean()
+
+    x, y = idx.chunk(dp)[dims.dp_rank], tgt.chunk(dp)[dims.dp_rank]
+    loss = engine.train_step(x, y, n_micro, loss_fn)
+    sync_tp_partial_grads(model)
+    sync_tied_grads(stage, emb)
+    if dp > 1:
+        dist.all_reduce(loss, group=dims.group("dp"))
+        loss /= dp
+    ref_loss = nn.functional.cross_entropy(ref(idx).flatten(0, 1), tgt.flatten())
+    ref_loss.backward()
+    out = {"loss": loss.item(), "ref_loss": ref_loss.item(), "checked": 0}
+    diff2 = ref2 = 0.0
+    for mname, mod in stage.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            full = f"{mname}.{pname}".removeprefix("model.")
+            exp = _ref_grad(ref, mod, full, pname, tp, dims.tp_rank)
+            diff2 += (p.grad - exp).square().sum().item()
+            ref2 += exp.square().sum().item()
+            if tol is not None:
+                torch.testing.assert_close(p.grad, exp, rtol=tol, atol=1e-6, msg=f"{full} on rank {rank}")
+            out["checked"] += 1
+    out["grad_err"] = math.sqrt(diff2 / ref2)  # relative error of this rank's gradient vector
+    out["grad_digest"] = [p.grad.double().sum().item() for p in stage.parameters()]
+    if tol is not None:
+        assert math.isclose(out["loss"], out["ref_loss"], rel_tol=1e-5), (out["loss"], out["ref_loss"])
+    for a, p in pol.items():
+        sent = [s for n, s in p.stats.sites.items() if not n.endswith(".recv")]
+        out[f"{a}_wire"] = sum(s.wire_bytes for s in sent)
+        out[f"{a}_raw"] = sum(s.raw_bytes for s in sent)
+    st = hook_state(module)
+    out["dp_hook_calls"] = st.calls if st is not None else 0
+    if zero:  # ZeRO-1 and plain AdamW take the same step
+        params = [p for p in stage.parameters()]
+        plain = [p.detach().clone() for p in params]
+        twin = [nn.Parameter(p.clone()) for p in plain]
+        for t, p in zip(twin, params):
+            t.grad = p.grad.clone()
+        kw = dict(lr=1e-2, betas=(0.9, 0.95))
+        build_optimizer([{"params": params, "weight_decay": 0.1}], dims.group("dp"), zero=True, **kw).step()
+        build_optimizer([{"params": twin, "weight_decay": 0.1}], None, **kw).step()
+        out["zero_same"] = all(torch.allclose(p, t, rtol=1e-6, atol=1e-7) for p, t in zip(params, twin))
+    return out
+
+
+def _both_models_3d(rank: int, world: int) -> list[dict]:
+    gpt = parallel_step(rank, world, "gpt", 2, 2, 2, schedule="1f1b", n_micro=2)
+    qwen = parallel_step(rank, world, "qwen", 2, 2, 2, sp=True, schedule="gpipe", n_micro=2)
+    on = {"tp": "taco", "pp": "taco", "dp": "int8-hadamard"}
+    comp = parallel_step(rank, world, "gpt", 2, 2, 2, n_micro=2, codecs=on, tol=None)
+    return [gpt, qwen, comp]
+
+
+@pytest.mark.slow  # 8 gloo ranks: ~70 s on the shared 2-core box
+def test_3d_step_matches_reference_and_compresses_every_axis():
+    res = run_distributed(_both_models_3d, 8, timeout=300)
+    for gpt, qwen, comp in res:
+        assert gpt["checked"] > 0 and qwen["checked"] > 0  # every gradient matched the reference
+        assert math.isfinite(comp["loss"]) and abs(comp["loss"] - comp["ref_loss"]) < 0.02
+        assert comp["grad_err"] < 0.2, comp["grad_err"]
+        assert 0 < comp["tp_wire"] < 0.6 * comp["tp_raw"]
+        assert 0 < comp["dp_wire"] < 0.6 * comp["dp_raw"]
+        assert comp["dp_hook_calls"] >= 1
+        assert 0 < comp["pp_wire"] < 0.6 * comp["pp_raw"]  # stage 0 sends activations, 1 gradients
+
+
+def _pp_tp(rank: int, world: int) -> list[dict]:
+    return [
+        parallel_step(rank, world, "gpt", 1, 2, 2, schedule="1f1b", n_micro=4),
+        parallel_step(rank, world, "qwen", 1, 2, 2, sp=True, n_micro=2),  # [b, s/tp, h] between stages
+    ]
+
+
+def test_pp_with_tp_and_sequence_parallel_stages_matches_reference():
+    for gpt, qwen in run_distributed(_pp_tp, 4):
+        assert gpt["checked"] > 0 and qwen["checked"] > 0
+
+
+# -- the trainer on pipeline / 3D meshes ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from taco.train.data import prepare_text
+
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "play.txt").write_text(TEXT)
+    prepare_text(d / "play.txt", d / "cache", vocab_size=300, progress=lambda *a: None)
+    return d / "play.txt", d / "cache"
+
+
+def _cfg(corpus, out, *extra):
+    from taco.train.config import load_config
+
+    return load_config(None, [*tiny_args(corpus, out), "--train.eval_steps=1", *extra])
+
+
+def _resume_exact(corpus, tmp_path, mesh: list[str]) -> dict:
+    full = launch(_cfg(corpus, tmp_path / "full", "--train.steps=4", *mesh))
+    launch(_cfg(corpus, tmp_path / "part", "--train.steps=2", "--train.checkpoint_interval=2", *mesh))
+    resumed = launch(_cfg(corpus, tmp_path / "part", "--train.steps=4", "--train.resume=true", *mesh))
+    assert resumed["resumed_from"] == 2
+    a, b = losses(tmp_path / "full"), losses(tmp_path / "part")
+    assert [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)]  # bit-exact
+    assert full["final_val_loss"] == resumed["final_val_loss"]
+    return full
+
+
+def test_trainer_pipeline_reports_bytes_per_axis(corpus, tmp_path):
+    mesh = ["--parallel.pp=2", "--parallel.microbatches=2", "--compression.pp_codec=int4-hadamard"]
+    res = launch(_cfg(corpus, tmp_path / "pp", *mesh))
+    assert math.isfinite(res["final_val_loss"]) and res["mesh"] == "DP1-PP2-TP1"
+    assert 0 < res["pp_wire_bytes_per_step"] < 0.6 * res["pp_raw_bytes_per_step"]
+    assert res["tp_raw_bytes_per_step"] == res["dp_raw_bytes_per_step"] == 0
+    rec = json.loads((tmp_path / "pp" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"tp_wire_bytes", "pp_wire_bytes", "dp_wire_bytes", "pp_raw_bytes", "val_loss"} <= set(rec)
+
+
+@pytest.mark.slow  # 3 runs of 2 ranks each: ~35 s apiece
+@pytest.mark.parametrize("axis", ["pp", "dp"])
+def test_trainer_pipeline_or_compressed_dp_resumes_exactly(corpus, tmp_path, axis):
+    codec = "int4-hadamard" if axis == "pp" else "int8-hadamard"
+    mesh = [f"--parallel.{axis}=2", "--parallel.microbatches=2", f"--compression.{axis}_codec={codec}"]
+    _resume_exact(corpus, tmp_path, mesh)
+
+
+@pytest.mark.slow  # 3 runs of 8 ranks
+def test_trainer_3d_with_every_axis_compressed_resumes_exactly(corpus, tmp_path):
+    mesh = ["--parallel.dp=2", "--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2"]
+    mesh += ["--compression.tp_codec=taco", "--compression.pp_codec=taco"]
+    mesh += ["--compression.dp_codec=int8-hadamard"]
+    res = _resume_exact(corpus, tmp_path, mesh)
+    assert res["mesh"] == "DP2-PP2-TP2"
+    for a in ("tp", "pp", "dp"):
+        assert 0 < res[f"{a}_wire_bytes_per_step"] < 0.6 * res[f"{a}_raw_bytes_per_step"], a
+    assert "[dp]" in (tmp_path / "full" / "comm_stats.txt").read_text()
+
+
+def test_bad_meshes_stop_at_start_up_with_one_clear_message(corpus, tmp_path, capsys, monkeypatch):
+    base = ["train", *tiny_args(corpus, tmp_path / "x")]
+    e = _err(capsys, [*base, "--parallel.pp=3"])
+    assert "parallel.pp = 3" in e and "n_layer = 2" in e
+    e = _err(capsys, [*base, "--parallel.microbatches=3"])
+    assert "batch_size = 4 must be divisible" in e and "microbatches" in e
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    e = _err(capsys, [*base, "--parallel.pp=2"])
+    assert "= 2 but torchrun started 3 ranks" in e
