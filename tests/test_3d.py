@@ -32,7 +32,12 @@ from taco.parallel import (
     vocab_parallel_cross_entropy,
     wrap_data_parallel,
 )
-from taco.parallel.data_parallel import build_optimizer, hook_state
+from taco.parallel.data_parallel import (
+    build_optimizer,
+    hook_state,
+    load_optimizer_state,
+    optimizer_state,
+)
 from taco.train.launch import launch
 from tests.dist import run_distributed
 from tests.test_train import TEXT, _err, losses, tiny_args
@@ -139,9 +144,16 @@ def parallel_step(
         for t, p in zip(twin, params):
             t.grad = p.grad.clone()
         kw = dict(lr=1e-2, betas=(0.9, 0.95))
-        build_optimizer([{"params": params, "weight_decay": 0.1}], dims.group("dp"), zero=True, **kw).step()
+        zopt = build_optimizer([{"params": params, "weight_decay": 0.1}], dims.group("dp"), zero=True, **kw)
+        zopt.step()
         build_optimizer([{"params": twin, "weight_decay": 0.1}], None, **kw).step()
         out["zero_same"] = all(torch.allclose(p, t, rtol=1e-6, atol=1e-7) for p, t in zip(params, twin))
+        again = build_optimizer([{"params": params, "weight_decay": 0.1}], dims.group("dp"), zero=True, **kw)
+        load_optimizer_state(again, optimizer_state(zopt))  # a per-rank checkpoint of the shard
+        a, b = optimizer_state(zopt)["state"], optimizer_state(again)["state"]
+        out["zero_state_round_trip"] = a.keys() == b.keys() and all(
+            torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a
+        )
     return out
 
 
@@ -246,3 +258,13 @@ def test_bad_meshes_stop_at_start_up_with_one_clear_message(corpus, tmp_path, ca
     monkeypatch.setenv("WORLD_SIZE", "3")
     e = _err(capsys, [*base, "--parallel.pp=2"])
     assert "= 2 but torchrun started 3 ranks" in e
+
+
+def test_codec_none_ignores_options_left_in_the_config():
+    from taco.train.config import load_config
+    from taco.train.trainer import build_axis_policy, build_policy
+
+    opts = [f"--compression.{a}_codec_options.group_size=64" for a in ("tp", "pp", "dp")]
+    cfg = load_config(None, ["--compression.tp_codec=none", *opts])  # e.g. a baseline of demo.toml
+    assert build_policy(cfg).codec_for("x", 1 << 20, torch.float32) is None
+    assert build_axis_policy(cfg, "pp").codec_for("pp.act", 1 << 20, torch.float32) is None

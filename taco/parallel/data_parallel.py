@@ -13,13 +13,13 @@ Codec "none" keeps DDP's own all-reduce (no hook).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from taco import comm
@@ -119,17 +119,25 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW, or with `zero=True` and a DP group a ZeroRedundancyOptimizer sharding its state."""
     if zero and group is not None:
+        # Imported here: torch.distributed.optim scripts its functional optimizers on import (~1 s).
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(
             param_groups, optimizer_class=torch.optim.AdamW, process_group=group, **adamw
         )
     return torch.optim.AdamW(param_groups, **adamw)
 
 
+def _is_zero(opt: torch.optim.Optimizer) -> bool:
+    mod = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return mod is not None and isinstance(opt, mod.ZeroRedundancyOptimizer)
+
+
 def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's optimizer state for a per-rank checkpoint (ZeRO: its own shard only)."""
-    return opt.optim.state_dict() if isinstance(opt, ZeroRedundancyOptimizer) else opt.state_dict()
+    return opt.optim.state_dict() if _is_zero(opt) else opt.state_dict()
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Inverse of `optimizer_state` (the same mesh, so ZeRO's partition is the same)."""
-    (opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt).load_state_dict(state)
+    (opt.optim if _is_zero(opt) else opt).load_state_dict(state)

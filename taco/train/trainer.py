@@ -86,13 +86,13 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Module:
     )
 
 
-def build_policy(cfg: Config) -> Any:
-    """The TP communication policy of `[compression]` (codec "none" keeps plain collectives + stats)."""
+def build_policy(cfg: Config) -> CommPolicy:
+    """The TP communication policy of `[compression]` (codec "none" keeps plain collectives + stats;
+    its options, e.g. a config file's group_size kept for a baseline run, are then ignored)."""
     import taco
-    from taco.comm import CommPolicy
 
     c = cfg.compression
-    codec = taco.get_codec(c.tp_codec, **c.tp_codec_options)
+    codec = None if c.tp_codec == "none" else taco.get_codec(c.tp_codec, **c.tp_codec_options)
     # Only sites matching compression.tp_sites are compressed; the first matching glob wins.
     overrides: dict = {} if "*" in c.tp_sites else {**{g: codec for g in c.tp_sites}, "*": None}
     return CommPolicy(
@@ -103,9 +103,10 @@ def build_policy(cfg: Config) -> Any:
 def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
     """The PP or DP policy of `[compression]`: `{axis}_codec` with its options, for every site."""
     c = cfg.compression
+    name = getattr(c, f"{axis}_codec")
     return CommPolicy(
-        codec=getattr(c, f"{axis}_codec"),
-        options=getattr(c, f"{axis}_codec_options"),
+        codec=name,
+        options=getattr(c, f"{axis}_codec_options") if name != "none" else {},
         min_bytes=c.min_bytes,
         slices=c.slices,
         check_sizes=False,
