@@ -65,7 +65,8 @@ def _write(out: Path, rows: list[dict[str, Any]], curves: dict[str, list[dict[st
             for r in recs:
                 w.writerow([name, r["step"], r["loss"], r.get("val_loss", "")])
     lines = [
-        "| codec | final val loss | gap vs none | TP wire MiB/step | TP wire / raw (input dtype) | tokens/s |",
+        "| codec | final val loss | gap vs none | TP wire MiB/step | TP wire / raw (input dtype) "
+        "| tokens/s |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -433,6 +433,10 @@ class ParallelConfig(_Section):
     """Micro-batches per step per data-parallel rank (pipeline depth; gradient accumulation when
     pp = 1). The per-rank batch is split into this many equal parts."""
 
+    zero: bool = False
+    """Shard the optimizer state over the data-parallel group (ZeRO-1, torch's
+    ZeroRedundancyOptimizer); only meaningful with dp > 1."""
+
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     """Pipeline schedule: "1f1b" (one-forward-one-backward, bounded activation memory) or "gpipe"
     (all forwards then all backwards; the reference)."""

@@ -84,8 +84,8 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
     p = cfg.parallel
     dims = ParallelDims(dp=p.dp, pp=p.pp, tp=p.tp, sp=p.sp).build()
     log = rank == 0
-    # ZeRO-1 (sharded AdamW state over DP) when a config field `parallel.zero` exists (not yet).
-    trainer = Trainer(cfg, dims, data_dir, log, zero=bool(getattr(p, "zero", False)))
+    # ZeRO-1 (sharded AdamW state over DP): parallel.zero.
+    trainer = Trainer(cfg, dims, data_dir, log, zero=p.zero)
     trainer.maybe_resume()
     if cfg.train.capture_dir:
         trainer.model._taco_tp.capture = _capture_fn(cfg, trainer, dims.tp_rank)
