@@ -486,5 +486,7 @@ def test_bench_comm_reexecutes_inside_a_capped_namespace(tmp_path):
     data = _bench(["--sizes", "64K", "--world", "2", "--rate", "200"], tmp_path / "capped.json")
     assert "tbf rate 200 Mbit/s" in data["meta"]["link"]
     assert {r["codec"] for r in data["rows"]} == {"bf16", "taco"}
+    ns = data["meta"]["link"].split()[1].rstrip(":")  # "netns taco-PID-XXXX: lo tbf ..."
+    assert ns.startswith("taco-")
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "taco-" not in names
+    assert ns not in names  # this run's namespace is gone (others' concurrent ones may exist)
