@@ -1,0 +1,82 @@
+"""Figures of the cluster benchmark: speedup against link bandwidth, measured and modeled (PNG).
+
+Why this file exists: the question "from which link speed down does TP compression pay, and does
+the cost model see it coming" is answered by one picture per communication dtype: the measured
+speedups of `cluster.py` as markers, the model's curve over the same axes, and the ideal speedup
+1 / (1 - f + f / r) of each measured point. matplotlib runs headless (Agg).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_speedup(rows: list[dict[str, Any]], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
+    """One panel per comm mode: measured speedup (o), ideal (x) and model (line) vs Mbit/s."""
+    plt = _pyplot()
+    modes = list(dict.fromkeys(r["mode"] for r in rows if r["codec"] != "none" and r["rate_mbit"]))
+    if not modes:
+        raise ValueError("no capped runs with a codec to plot")
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.2), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        codecs = dict.fromkeys(r["codec"] for r in rows if r["mode"] == mode and r["codec"] != "none")
+        for i, codec in enumerate(codecs):
+            color = f"C{i}"
+            pts = sorted((r["rate_mbit"], r["speedup"], r["ideal"]) for r in rows
+                         if (r["mode"], r["codec"]) == (mode, codec) and r["rate_mbit"])  # fmt: skip
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=f"{codec} measured")
+            ax.plot(
+                [p[0] for p in pts], [p[2] for p in pts], "x", color=color, alpha=0.6, label=f"{codec} ideal"
+            )
+            curve = curves.get(f"{mode}/{codec}")
+            if curve:
+                ax.plot(
+                    [c[0] for c in curve], [c[1] for c in curve], "-", color=color, label=f"{codec} model"
+                )
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("emulated link (Mbit/s, tc-capped lo)")
+        ax.set_ylabel("end-to-end speedup over the uncompressed run")
+        ax.set_title(f"TP traffic: {mode}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") -> None:
+    """Modeled TACO speedup against the TP link's bandwidth, one line per (model, TP) (`model.projection`)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for key in dict.fromkeys((r["model"], r["tp"]) for r in rows):
+        pts = sorted((r["link_gbs"], r[f"speedup_{gpu}"]) for r in rows if (r["model"], r["tp"]) == key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[0]} TP={key[1]}")
+    labels: dict[float, list[str]] = {}
+    for link, gbs in dict.fromkeys((r["link"], r["link_gbs"]) for r in rows):
+        near = next((g for g in labels if abs(g / gbs - 1) < 0.1), gbs)  # e.g. PCIe4 and IB200
+        labels.setdefault(near, []).append(link)
+    for gbs, names in labels.items():
+        ax.annotate(" / ".join(names), (gbs, 1.0), textcoords="offset points", xytext=(0, -14),
+                    ha="center", fontsize=7)  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("TP link bandwidth per GPU (GB/s, achieved, one direction)")
+    ax.set_ylabel(f"modeled step speedup (TACO vs bf16, {gpu})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,147 @@
+"""`taco bench cluster` (issue #7): no-root message, analysis of run records, a real capped run (slow)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import taco.comm as tc
+from taco.bench import cluster
+from taco.train.config import load_config
+
+NUMEL = 2 * 16 * 32  # batch 2, seq 16, hidden 32
+
+
+def test_without_root_it_says_so_and_exits_nonzero(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/sbin/{name}")
+    assert cluster.main(["--rates", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "needs root" in err and "CAP_NET_ADMIN" in err
+
+
+def test_unknown_extra_arguments_are_rejected():
+    with pytest.raises(SystemExit):
+        cluster.main(["--rates", "50", "stray"])
+
+
+def _rec(mode: str, codec: str, rate: float | None, step_s: float, comm_s: float, fwd: int, bwd: int) -> dict:
+    """A fake rank-0 record: 4 steps, two TP sites (one all-reduce each per step)."""
+    wire_scale = 1.0625 / fwd if codec != "none" else 1.0
+    raw = NUMEL * (fwd + bwd)
+    bump = 0.001 if codec != "none" else 0.0
+    steps = [dict(step_s=step_s, loss=5.0 - 0.1 * i + bump, raw_bytes=raw, wire_bytes=raw * wire_scale,
+                  comm_s=comm_s, encode_s=0.0, decode_s=0.0) for i in range(4)]  # fmt: skip
+    sites = {
+        "layers.0.attn.out.fwd": dict(calls=4, raw_bytes=4 * NUMEL * fwd, wire_bytes=0),
+        "layers.0.attn.qkv.bwd": dict(calls=4, raw_bytes=4 * NUMEL * bwd, wire_bytes=0),
+    }
+    val = 4.0 if codec == "none" else 4.004
+    return dict(mode=mode, codec=codec, rate_mbit=rate, world=2, steps=steps, sites=sites, val_loss=val)
+
+
+def _report(bwd: int = 2) -> dict:
+    cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
+    args = argparse.Namespace(comm=["bf16"], codecs=["taco"], warmup=1, rates=[50.0], burst="1kb",
+                              model_codec="inplace")  # fmt: skip
+    results = [
+        dict(rate_mbit=None, probe=dict(bytes_per_s=1e9, rtt_s=1e-4), runs=[
+            _rec("bf16", "none", None, 0.10, 0.01, 2, bwd), _rec("bf16", "taco", None, 0.11, 0.01, 2, bwd)]),
+        dict(rate_mbit=50.0, probe=dict(bytes_per_s=6e6, rtt_s=1e-3), runs=[
+            _rec("bf16", "none", 50.0, 1.00, 0.91, 2, bwd), _rec("bf16", "taco", 50.0, 0.55, 0.46, 2, bwd)]),
+    ]  # fmt: skip
+    rates = {"taco/bf16": dict(encode=1e8, decode=1e8, bytes_per_elem=1.0625)}
+    rates["taco/fp32"] = rates["taco/bf16"]
+    return cluster.analyse(results, cfg, args, rates)
+
+
+def test_analysis_f_r_speedup_ideal_and_model():
+    rep = _report()
+    assert rep["wire_dtype"]["bf16"] == {"fwd": 2.0, "bwd": 2.0}
+    row = next(r for r in rep["rows"] if r["rate_mbit"] == 50.0 and r["codec"] == "taco")
+    assert row["f"] == pytest.approx(0.91)
+    assert row["r"] == pytest.approx(2 / 1.0625)
+    assert row["speedup"] == pytest.approx(1.0 / 0.55)
+    assert row["ideal"] == pytest.approx(1 / (1 - 0.91 + 0.91 / row["r"]))
+    assert row["of_ideal"] == pytest.approx(row["speedup"] / row["ideal"])
+    assert row["f_cap"] == pytest.approx(1 - 0.09 / 1.0)  # uncapped compute: 0.10 - 0.01 s
+    assert row["val_gap_pct"] == pytest.approx(0.1)
+    inp = rep["model_inputs"]["bf16"]
+    assert inp["compute_s"] == pytest.approx(0.09) and len(inp["messages"]) == 2
+    base = next(r for r in rep["rows"] if r["rate_mbit"] == 50.0 and r["codec"] == "none")
+    # model: compute + 2 all-reduces, each 2 hops of alpha + both ranks' bytes, less the 1 KiB
+    # token-bucket burst, over the 6 MB/s bus
+    wire = 2 * (2 * NUMEL * 2 - 1024) / 6e6
+    assert base["model_step_s"] == pytest.approx(0.09 + 4 * inp["alpha_s"] + wire)
+    text = cluster.format_report(rep)
+    assert "comm bf16" in text and "fwd 2.00, bwd 2.00" in text
+    verdict = cluster.acceptance(rep)
+    assert "bf16/taco: at 50 Mbit/s (f=0.91) 1.82x vs >= 1.6x: met" in verdict
+
+
+def test_tc_sizes():
+    assert cluster.tc_bytes("32kb") == 32768 and cluster.tc_bytes("1mb") == 1 << 20
+    assert cluster.tc_bytes("256kbit") == 32768 and cluster.tc_bytes("1500") == 1500
+
+
+def test_wire_dtype_check_flags_fp32_backward():
+    assert _report(bwd=4)["wire_dtype"]["bf16"] == {"fwd": 2.0, "bwd": 4.0}
+
+
+def test_cast_tp_collectives_sends_bf16_for_named_sites(monkeypatch):
+    seen = []
+
+    def fake(x, *a, **kw):
+        seen.append((x.dtype, kw.get("site")))
+        return x.clone()
+
+    for name in ("all_reduce", "all_gather", "reduce_scatter"):
+        monkeypatch.setattr(tc, name, fake)
+    cluster.cast_tp_collectives(torch.bfloat16)
+    y = tc.all_reduce(torch.ones(4), site="layers.0.mlp.down.fwd")
+    assert y.dtype == torch.float32 and seen[-1] == (torch.bfloat16, "layers.0.mlp.down.fwd")
+    tc.all_reduce(torch.ones(4))  # no site: not a TP mapping, untouched
+    assert seen[-1] == (torch.float32, None)
+
+
+def test_plot_speedup_writes_png(tmp_path):
+    from taco.bench.model import projection
+    from taco.bench.plots import plot_projection, plot_speedup
+
+    rep = _report()
+    path = tmp_path / "s.png"
+    plot_speedup(rep["rows"], {"bf16/taco": [(50.0, 1.8), (100.0, 1.5)]}, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    proj = tmp_path / "p.png"
+    plot_projection(projection(tps=(2,)), str(proj))
+    assert proj.stat().st_size > 1000
+
+
+def _can_netns() -> bool:
+    if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_netns(), reason="needs root, ip and tc")
+def test_tiny_real_run_in_a_capped_namespace(tmp_path):
+    out = tmp_path / "c.json"
+    argv = ["--rates", "400", "--comm", "bf16", "--warmup", "1", "--json", str(out),
+            "--set", "train.steps=3", "--set", "model.n_layer=1", "--set", "model.hidden=64",
+            "--set", "train.batch_size=2", "--set", "train.eval_steps=1"]  # fmt: skip
+    assert cluster.main(argv) == 0
+    res = json.loads(out.read_text())
+    rows = {(r["rate_mbit"], r["codec"]): r for r in res["rows"]}
+    assert set(rows) == {(None, "none"), (None, "taco"), (400.0, "none"), (400.0, "taco")}
+    assert rows[(400.0, "taco")]["r"] == pytest.approx(2 / 1.0625, rel=0.02)
+    assert res["wire_dtype"]["bf16"] == {"fwd": 2.0, "bwd": 2.0}
+    assert "tbf" in res["results"][1]["qdisc"]
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"taco-{os.getpid()}-" not in names  # the namespace is gone
