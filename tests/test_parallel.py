@@ -173,3 +173,39 @@ def test_parallel_dims_validation_and_coords():
     assert d.coords(5) == (1, 0, 1) and d.rank_of(1, 0, 1) == 5
     with pytest.raises(ValueError, match="parallel.tp"):
         ParallelDims(tp=0)
+
+
+def _comm_dtype(rank, world, comm_dtype):
+    from taco.comm import CommPolicy
+
+    torch.manual_seed(0)
+    up, down = nn.Linear(16, 32), nn.Linear(32, 16)
+    x = torch.randn(2, 8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_y = down(torch.relu(up(x)))
+    policy = CommPolicy(None)
+    seen = []
+    ctx = TPContext(dist.group.WORLD, policy, False, capture=lambda s, t: seen.append((s, t.dtype)),
+                    comm_dtype=comm_dtype)  # fmt: skip
+    from taco.parallel.mappings import tp_input
+
+    col, row = ColumnParallelLinear(up, ctx, "up"), RowParallelLinear(down, ctx, "down")
+    xs = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = row(torch.relu(col(tp_input(xs, ctx, "up"))))
+    y.float().square().sum().backward()
+    torch.testing.assert_close(y.float(), ref_y.float(), atol=0.05, rtol=0.05)
+    raw = {n: s.raw_bytes / s.calls for n, s in policy.stats.sites.items()}
+    return dict(seen), raw, xs.grad.dtype
+
+
+def test_tp_comm_dtype_casts_what_travels():
+    """Under bf16 autocast the backward all-reduce gets an fp32 gradient: comm_dtype bf16 sends it
+    as bf16 (half the bytes) and hands back fp32; None sends it as it comes."""
+    numel = 2 * 8 * 16
+    seen, raw, gdt = run_distributed(_comm_dtype, 2, torch.bfloat16)[0]
+    assert seen == {"down.fwd": torch.bfloat16, "up.bwd": torch.bfloat16} and gdt == torch.float32
+    assert raw == {"down.fwd": numel * 2, "up.bwd": numel * 2}  # 2 (N-1)/N x numel x 2 bytes, N = 2
+    seen, raw, _ = run_distributed(_comm_dtype, 2, None)[0]
+    assert seen == {"down.fwd": torch.bfloat16, "up.bwd": torch.float32}
+    assert raw == {"down.fwd": numel * 2, "up.bwd": numel * 4}

@@ -67,8 +67,8 @@ class Link:
     shared: bool = False
     """every rank's bytes cross one medium in turn (the emulated lo): bytes of all ranks add up"""
     burst: float = 0.0
-    """bytes a token bucket (the emulated tc tbf) passes at once after an idle gap; credited once
-    per collective, assuming the compute before it refilled the bucket (0 for real links)"""
+    """bytes a token bucket (the emulated tc tbf) passes at once after an idle gap, credited once
+    per collective: the compute before it refills the bucket (0 for real links)"""
 
     def transfer(self, per_rank_bytes: float, world: int, hops: int) -> float:
         """Seconds for `hops` latency terms plus `per_rank_bytes` from each of `world` ranks."""

@@ -80,3 +80,39 @@ def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") ->
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_validation(rows: list[dict[str, Any]], path: str, tolerance: float = 0.15) -> None:
+    """Modeled against measured step time of every run, with the +-tolerance band around y = x."""
+    plt = _pyplot()
+    pts = [r for r in rows if r.get("model_step_s") is not None]
+    if not pts:
+        raise ValueError("no rows with a modeled step time (run with the uncapped reference)")
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    for i, mode in enumerate(dict.fromkeys(r["mode"] for r in pts)):
+        for codec, marker in (("none", "s"), ("*", "o")):
+            sel = [r for r in pts if r["mode"] == mode and (r["codec"] == "none") == (codec == "none")]
+            label = f"{mode} {'baseline' if codec == 'none' else 'codec'}"
+            ax.plot([r["step_s"] * 1e3 for r in sel], [r["model_step_s"] * 1e3 for r in sel], marker,
+                    color=f"C{i}", ls="", label=label, alpha=0.8)  # fmt: skip
+    lo = min(min(r["step_s"], r["model_step_s"]) for r in pts) * 1e3 * 0.8
+    hi = max(max(r["step_s"], r["model_step_s"]) for r in pts) * 1e3 * 1.2
+    xs = [lo, hi]
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",
+                    alpha=0.15, label=f"+-{tolerance:.0%}")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("modeled step time (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -29,6 +29,9 @@ class TPContext:
     sp: bool = False
     capture: Callable[[str, torch.Tensor], None] | None = None
     """Called with (site, tensor) before each collective when set (sampling real TP tensors)."""
+    comm_dtype: torch.dtype | None = None
+    """Floating inputs of another dtype are cast to this before each collective and the result cast
+    back (bf16 training communicates bf16 even where autocast left fp32); None: as they come."""
 
     @property
     def size(self) -> int:
@@ -49,22 +52,27 @@ def _kw(ctx: TPContext, site: str) -> dict:
     return kw
 
 
-def _all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+def _collective(fn: Callable[..., torch.Tensor], x: torch.Tensor, ctx: TPContext, site: str, **kw: Any):
+    """Run one TP collective on `x` in the context's communication dtype (what travels is captured)."""
+    dtype = ctx.comm_dtype
+    cast = dtype is not None and x.is_floating_point() and x.dtype != dtype
+    y = x.to(dtype) if cast else x
     if ctx.capture is not None:
-        ctx.capture(site, x)
-    return comm.all_reduce(x, **_kw(ctx, site))
+        ctx.capture(site, y)
+    out = fn(y, **kw, **_kw(ctx, site))
+    return out.to(x.dtype) if cast else out
+
+
+def _all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    return _collective(comm.all_reduce, x, ctx, site)
 
 
 def _all_gather(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    if ctx.capture is not None:
-        ctx.capture(site, x)
-    return comm.all_gather(x, dim=SEQ_DIM, **_kw(ctx, site))
+    return _collective(comm.all_gather, x, ctx, site, dim=SEQ_DIM)
 
 
 def _reduce_scatter(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    if ctx.capture is not None:
-        ctx.capture(site, x)
-    return comm.reduce_scatter(x, dim=SEQ_DIM, **_kw(ctx, site))
+    return _collective(comm.reduce_scatter, x, ctx, site, dim=SEQ_DIM)
 
 
 def _split(x: torch.Tensor, ctx: TPContext) -> torch.Tensor:

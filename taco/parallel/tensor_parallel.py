@@ -49,17 +49,21 @@ def apply_tensor_parallel(
     plan: dict[str, str] | None,
     dims: ParallelDims | TPContext,
     policy: Any = None,
+    comm_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Shard `model` (built full, identically on every TP rank) in place; returns it.
 
     `dims`: a built `ParallelDims` (its TP group and `sp` are used) or a ready `TPContext`.
     `policy`: a `taco.comm.CommPolicy` choosing the codec per site (None: plain collectives).
+    `comm_dtype`: the dtype the TP collectives' inputs are cast to (None: as they come).
     """
     from taco.models.plans import resolve_plan  # models reach parallel only through plans
 
     ctx = dims if isinstance(dims, TPContext) else TPContext(dims.group("tp"), policy, dims.sp)
     if policy is not None:
         ctx.policy = policy
+    if comm_dtype is not None:
+        ctx.comm_dtype = comm_dtype
     model._taco_tp = ctx
     if ctx.size == 1:
         return model

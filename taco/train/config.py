@@ -44,6 +44,7 @@ __all__ = [
     "Config",
     "DataConfig",
     "DatasetKind",
+    "CommDtype",
     "Dtype",
     "ModelConfig",
     "ModelKind",
@@ -102,6 +103,13 @@ class Backend(_Choice):
 
 
 class Dtype(_Choice):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class CommDtype(_Choice):
+    AUTO = "auto"
+    INPUT = "input"
     FP32 = "fp32"
     BF16 = "bf16"
 
@@ -440,6 +448,12 @@ class ParallelConfig(_Section):
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     """Pipeline schedule: "1f1b" (one-forward-one-backward, bounded activation memory) or "gpipe"
     (all forwards then all backwards; the reference)."""
+
+    tp_comm_dtype: CommDtype = CommDtype.AUTO
+    """Dtype of the tensor-parallel collectives' inputs (before any codec): "auto" = train.dtype
+    (bf16 training communicates bf16, as Megatron does; under bf16 autocast the backward gradients
+    would otherwise travel in fp32), "input" = whatever dtype reaches the collective, "fp32" or
+    "bf16" = cast to that dtype and back."""
 
     backend: Backend = Backend.AUTO
     """torch.distributed backend: "auto" (nccl when CUDA is available, else gloo), "gloo" or "nccl"."""

@@ -86,6 +86,14 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Module:
     )
 
 
+def tp_comm_dtype(cfg: Config) -> torch.dtype | None:
+    """The dtype TP collectives send (`parallel.tp_comm_dtype`; "auto" follows `train.dtype`)."""
+    name = cfg.parallel.tp_comm_dtype.value
+    if name == "auto":
+        name = cfg.train.dtype.value
+    return {"input": None, "fp32": torch.float32, "bf16": torch.bfloat16}[name]
+
+
 def build_policy(cfg: Config) -> CommPolicy:
     """The TP communication policy of `[compression]` (codec "none" keeps plain collectives + stats;
     its options, e.g. a config file's group_size kept for a baseline run, are then ignored)."""
@@ -161,7 +169,9 @@ class Trainer:
             "pp": build_axis_policy(cfg, "pp"),
             "dp": build_axis_policy(cfg, "dp"),
         }
-        self.model = apply_tensor_parallel(build_model(cfg, vocab), None, dims, self.policy)
+        self.model = apply_tensor_parallel(
+            build_model(cfg, vocab), None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg)
+        )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
