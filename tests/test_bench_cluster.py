@@ -49,7 +49,7 @@ def _rec(mode: str, codec: str, rate: float | None, step_s: float, comm_s: float
 
 def _report(bwd: int = 2) -> dict:
     cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
-    args = argparse.Namespace(comm=["bf16"], codecs=["taco"], warmup=1, rates=[50.0], burst="0b",
+    args = argparse.Namespace(comm=["bf16"], codecs=["taco"], warmup=1, rates=[50.0], burst="0b", delay=0.0,
                               model_codec="inplace")  # fmt: skip
     results = [
         dict(rate_mbit=None, probe=dict(bytes_per_s=1e9, rtt_s=1e-4), calib=CALIB_UNCAPPED, runs=[
@@ -75,12 +75,15 @@ def test_analysis_f_r_speedup_ideal_and_model():
     assert row["val_gap_pct"] == pytest.approx(0.1)
     inp = rep["model_inputs"]["bf16"]
     assert inp["compute_s"] == pytest.approx(0.09) and len(inp["messages"]) == 2
-    # uncapped: 10 ms of communication for 2 all-reduces that the link explains in 2 x (0.1 ms +
-    # 4 KiB of bus bytes at 1 GB/s); the rest is the ranks waiting for each other
-    assert inp["sync_s"] == pytest.approx((0.01 - 2 * (1e-4 + 2 * NUMEL * 2 / 1e9)) / 2)
+    # uncapped: 5 ms per all-reduce, of which both ranks' 2 x NUMEL bytes at 1 GB/s explain 4 us:
+    # the rest is latency and the ranks waiting for each other
+    wait = 0.005 - 2 * 2 * NUMEL / 1e9
+    assert inp["wait_s"]["none"] == pytest.approx(wait)
+    assert inp["wait_s"]["taco"] == pytest.approx(0.005 - 2 * 2 * NUMEL * 1.0625 / 2 / 1e9)
     base = next(r for r in rep["rows"] if r["rate_mbit"] == 50.0 and r["codec"] == "none")
-    # at 50 Mbit/s: compute + 2 all-reduces of (alpha + sync + both ranks' bytes over 6 MB/s)
-    pred = 0.09 + 2 * (1e-3 + inp["sync_s"] + 2 * NUMEL * 2 / 6e6)
+    # at 50 Mbit/s: compute + 2 all-reduces of (both ranks' bytes over 6 MB/s + the wait, less
+    # what the first rank's first ring chunk, NUMEL bytes, hides)
+    pred = 0.09 + 2 * (2 * 2 * NUMEL / 6e6 + wait - NUMEL / 6e6)
     assert base["model_step_s"] == pytest.approx(pred)
     assert rep["links"][50.0]["alpha_s"] == 1e-3
     text = cluster.format_report(rep)

@@ -31,6 +31,21 @@ def test_link_alpha_beta_and_shared_bus():
     assert cm.gbit(100) == 12.5e9
 
 
+def test_wait_is_hidden_by_the_first_phase_bytes():
+    """A fixed wait (rank skew, latency) shows in full on a fast link and disappears behind the
+    early rank's first-phase sends on a slow one."""
+    bus = cm.Link("lo", bandwidth=1e8, shared=True, wait=2e-3)
+    assert bus.transfer(1 * MB, world=2, hops=0) == pytest.approx(20e-3 + 2e-3)
+    assert bus.transfer(1 * MB, world=2, hops=0, first_bytes=0.1 * MB) == pytest.approx(20e-3 + 1e-3)
+    assert bus.transfer(1 * MB, world=2, hops=0, first_bytes=0.5 * MB) == pytest.approx(20e-3)
+    # plain ring, 2 ranks, 1 MB: the first chunk is 0.5 MB; two-shot: its all-to-all half
+    assert cm.collective_time("all_reduce", 500_000, 2, 2, bus).total_s == pytest.approx(20e-3)
+    slow = cm.Link("lo", bandwidth=1e9, shared=True, wait=2e-3)
+    assert cm.collective_time("all_reduce", 500_000, 2, 2, slow).total_s == pytest.approx(2e-3 + 1.5e-3)
+    c = cm.collective_time("all_reduce", 500_000, 2, 2, slow, FAST)  # 2 x 0.53125 MB, first 0.265625
+    assert c.wire_s == pytest.approx(1.0625e-3 + 2e-3 - 0.265625e-3)
+
+
 def test_plain_ring_all_reduce_numbers():
     link = cm.Link("x", bandwidth=1e9, alpha=1e-5)
     t2 = cm.collective_time("all_reduce", 500_000, 2, 2, link)  # 1 MB message, 2 ranks

@@ -20,9 +20,9 @@ Communication dtype (`--comm`), each mode with its own baseline:
 - fp32: `train.dtype=fp32`, fp32 on the wire.
 The `tc` token bucket uses a small burst (32 KiB, lo MTU lowered to 16 KiB to allow it), so that
 idle time banks little (3% of a 1 MiB TP all-reduce): the link behaves as a plain rate limit.
-Each link (and the uncapped lo) is measured for the model: bandwidth by a bulk TCP stream, latency
-by a plain 2-rank all-reduce of 1 KiB. Needs root; without it this says so and exits with status
-2. The namespace is always deleted.
+Each link (and the uncapped lo) is measured: bandwidth by a bulk TCP stream (the model's), and for
+the record the time of a plain 1 KiB and one TP-sized all-reduce. Needs root; without it this
+says so and exits with status 2. The namespace is always deleted.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto", help="auto: import taco.kernels")
     p.add_argument("--burst", default="32kb", help="tc tbf burst")
-    p.add_argument("--latency", default="400ms", help="tc tbf latency")
+    p.add_argument("--latency", default="400ms", help="tc tbf latency (queue bound, not a delay)")
+    p.add_argument("--delay", type=float, default=0.0, help="netem one-way delay in ms (needs sch_netem)")
     p.add_argument("--mtu", type=int, default=16384, help="lo MTU in the namespace (must fit in the burst)")
     p.add_argument("--uncapped", choices=("both", "first", "none"), default="both",
                    help="uncapped reference runs before and after the capped ones (averaged), before, "
@@ -349,7 +350,7 @@ def execute(rate: float | None, specs: list[dict[str, Any]], args: argparse.Name
             print("[cluster] link: host lo, uncapped", flush=True)
             code = _run_worker(argv, args.timeout)
         else:
-            with NetNamespace(rate, args.burst, args.latency) as ns:
+            with NetNamespace(rate, args.burst, args.latency, args.delay) as ns:
                 subprocess.run(
                     ["ip", "-n", ns.name, "link", "set", "dev", "lo", "mtu", str(args.mtu)], check=True
                 )
@@ -466,38 +467,46 @@ def tc_bytes(size: str) -> float:
     return float(t)
 
 
-def link_of(res: dict[str, Any], burst: str) -> cm.Link:
-    """The alpha-beta link of one rate: alpha = a 1 KiB all-reduce, beta = the TCP bulk probe, and
-    the tc token bucket's burst (none on the uncapped lo)."""
+def link_of(res: dict[str, Any], burst: str, delay_ms: float = 0.0) -> cm.Link:
+    """The emulated link of one rate as the model sees it: bandwidth = the TCP bulk probe, the tc
+    token bucket's burst and the netem delay per hop (none on the uncapped lo); the uncapped lo's
+    latency is part of each run's measured `wait`."""
     capped = res["rate_mbit"] is not None
-    return cm.Link("emulated lo" if capped else "lo", res["probe"]["bytes_per_s"], res["calib"]["alpha_s"],
-                   shared=True, burst=tc_bytes(burst) if capped else 0.0)  # fmt: skip
+    return cm.Link("emulated lo" if capped else "lo", res["probe"]["bytes_per_s"],
+                   delay_ms / 1e3 if capped else 0.0, shared=True,
+                   burst=tc_bytes(burst) if capped else 0.0)  # fmt: skip
+
+
+def _wait(rec: dict[str, Any], msgs: list[cm.Message], link: cm.Link, warmup: int) -> float:
+    """Seconds per TP collective of an uncapped run beyond its bytes on the uncapped lo: latency plus
+    the ranks waiting for each other (compute skew on a shared CPU)."""
+    s, n = summarize(rec, warmup, 1), rec["world"]
+    per_rank = s["wire_bytes"] / len(msgs)
+    return max(0.0, s["comm_s"] / len(msgs) - link.transfer(per_rank, n, 0))
 
 
 def model_inputs(unc: dict[str, Any], mode: str, numel: int, args: argparse.Namespace) -> dict[str, Any]:
     """What the model takes from the uncapped runs of one mode: compute seconds (baseline step minus
-    its TP communication), the step's TP messages, each codec's in-place cost, and `sync_s`: the
-    baseline's communication time per collective beyond what the uncapped link's alpha-beta
-    explains (the ranks waiting for each other: compute jitter on a shared CPU)."""
+    its TP communication), the step's TP messages, each codec's in-place cost, and per run (baseline
+    and codecs) the per-collective `wait` that bytes in flight can hide on a slower link."""
     base = unc["runs"][(mode, "none")]
     s = summarize(base, args.warmup, 1)
     msgs = messages(base, numel)
-    n = base["world"]
     link = link_of(unc, args.burst)
-    link_s = sum(link.transfer(2 * (n - 1) / n * m.numel * m.elem_bytes, n, 1) for m in msgs)
-    codecs = {c: inplace_codec_cost(unc["runs"][(mode, c)], msgs, args.warmup)
-              for c in args.codecs if (mode, c) in unc["runs"] and c != "none"}  # fmt: skip
-    return dict(compute_s=s["step_s"] - s["comm_s"], messages=msgs, world=n, codecs=codecs,
-                sync_s=max(0.0, (s["comm_s"] - link_s) / len(msgs)))  # fmt: skip
+    present = dict.fromkeys(c for c in ["none", *args.codecs] if (mode, c) in unc["runs"])
+    runs = {c: unc["runs"][(mode, c)] for c in present}
+    codecs = {c: inplace_codec_cost(r, msgs, args.warmup) for c, r in runs.items() if c != "none"}
+    waits = {c: _wait(r, msgs, link, args.warmup) for c, r in runs.items()}
+    return dict(compute_s=s["step_s"] - s["comm_s"], messages=msgs, world=base["world"], codecs=codecs,
+                wait_s=waits)  # fmt: skip
 
 
-def predict(inp: dict[str, Any], link: cm.Link, codec: Any, slices: int) -> float:
-    """Modeled step seconds: measured compute + every TP collective on `link` (alpha per collective,
-    plus the uncapped runs' rank-wait `sync_s`), coding included for a codec."""
-    hops = 2 * (inp["world"] - 1)
-    link = dataclasses.replace(link, alpha=(link.alpha + inp["sync_s"]) / hops)
+def predict(inp: dict[str, Any], link: cm.Link, codec: str, costs: Any, slices: int) -> float:
+    """Modeled step seconds of run `codec`: the baseline's measured compute + every TP collective on
+    `link` with that run's measured `wait`, coding (`costs`) included for a codec."""
+    link = dataclasses.replace(link, wait=inp["wait_s"].get(codec, inp["wait_s"]["none"]))
     msgs = inp["messages"]
-    return cm.step_time_measured_compute(inp["compute_s"], msgs, inp["world"], link, codec, slices)[0]
+    return cm.step_time_measured_compute(inp["compute_s"], msgs, inp["world"], link, costs, slices)[0]
 
 
 def _model_codec(inp: dict[str, Any], rates: dict, codec: str, source: str) -> Any:
@@ -573,7 +582,7 @@ def analyse(results: list[dict[str, Any]], cfg: Any, args: argparse.Namespace, r
                 row["of_ideal"] = row["speedup"] / row["ideal"]
                 if mode in inputs:
                     costs = _model_codec(inputs[mode], rates, codec, args.model_codec)
-                    pred = predict(inputs[mode], link_of(res, args.burst), costs, slices)
+                    pred = predict(inputs[mode], link_of(res, args.burst, args.delay), codec, costs, slices)
                     row.update(model_step_s=pred, model_err_pct=100 * (pred - s["step_s"]) / s["step_s"])
                 rows.append(row)
     links = {
@@ -586,13 +595,12 @@ def analyse(results: list[dict[str, Any]], cfg: Any, args: argparse.Namespace, r
 
 
 def model_curves(report: dict[str, Any], args: argparse.Namespace, slices: int) -> dict[str, Any]:
-    """Modeled speedup on a dense grid of link rates: beta = rate x the probed efficiency and alpha
-    = the 1 KiB all-reduce, both averaged over the capped links."""
+    """Modeled speedup on a dense grid of link rates: bandwidth = rate x the probed efficiency,
+    averaged over the capped links."""
     links = [(r, c) for r, c in report["links"].items() if r]
     if not links or not report["model_inputs"]:
         return {}
     eff = statistics.fmean(c["probe_bytes_per_s"] * 8 / 1e6 / r for r, c in links)
-    alpha = statistics.fmean(c["alpha_s"] for _, c in links)
     lo, hi = min(r for r, _ in links), max(r for r, _ in links)
     grid = [lo * (hi / lo) ** (i / 40) for i in range(41)] if hi > lo else [lo]
     curves: dict[str, Any] = {}
@@ -601,10 +609,10 @@ def model_curves(report: dict[str, Any], args: argparse.Namespace, slices: int) 
             costs = _model_codec(inp, report["codec_rates"], codec, args.model_codec)
             pts = []
             for rate in grid:
-                link = cm.Link(
-                    "emulated lo", rate * 1e6 / 8 * eff, alpha, shared=True, burst=tc_bytes(args.burst)
-                )
-                pts.append((rate, predict(inp, link, None, slices) / predict(inp, link, costs, slices)))
+                bw = rate * 1e6 / 8 * eff
+                link = cm.Link("emulated lo", bw, args.delay / 1e3, shared=True, burst=tc_bytes(args.burst))
+                base = predict(inp, link, "none", None, slices)
+                pts.append((rate, base / predict(inp, link, codec, costs, slices)))
             curves[f"{mode}/{codec}"] = pts
     return curves
 
@@ -709,6 +717,7 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], di
     args.rates = [res["rate_mbit"] for res in results if res["rate_mbit"]]
     args.warmup = args.warmup if args.warmup_set else saved["meta"]["warmup"]
     args.burst = saved["meta"]["burst"]
+    args.delay = saved["meta"].get("delay_ms", 0.0)
     return Config.from_dict(saved["meta"]["config"]), results, saved["codec_rates"]
 
 
@@ -732,7 +741,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     if args.json:
         meta = dict(argv=sys.argv[1:], config=cfg.to_dict(), torch=torch.__version__, cpus=os.cpu_count(),
                     threads=args.threads, backend=args.backend, burst=args.burst, mtu=args.mtu,
-                    warmup=args.warmup, modes={m: MODES[m] for m in args.comm})  # fmt: skip
+                    delay_ms=args.delay, warmup=args.warmup,
+                    modes={m: MODES[m] for m in args.comm})  # fmt: skip
         report["model_inputs"] = {
             m: dict(v, messages=len(v["messages"]), codecs={c: vars(k) for c, k in v["codecs"].items()})
             for m, v in report["model_inputs"].items()

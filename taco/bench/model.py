@@ -69,11 +69,17 @@ class Link:
     burst: float = 0.0
     """bytes a token bucket (the emulated tc tbf) passes at once after an idle gap, credited once
     per collective: the compute before it refills the bucket (0 for real links)"""
+    wait: float = 0.0
+    """seconds per collective of fixed cost that data in flight can hide: the ranks waiting for each
+    other (skew) and software latency, measured on the uncapped emulation. The rank that arrives
+    first sends its first-phase bytes meanwhile, so only the wait beyond their time shows."""
 
-    def transfer(self, per_rank_bytes: float, world: int, hops: int) -> float:
-        """Seconds for `hops` latency terms plus `per_rank_bytes` from each of `world` ranks."""
+    def transfer(self, per_rank_bytes: float, world: int, hops: int, first_bytes: float = 0.0) -> float:
+        """Seconds for `hops` latency terms plus `per_rank_bytes` from each of `world` ranks;
+        `first_bytes`: what one rank can send before it needs anything from the others."""
         total = per_rank_bytes * (world if self.shared else 1)
-        return hops * self.alpha + max(0.0, total - self.burst) / self.bandwidth
+        wire = hops * self.alpha + max(0.0, total - self.burst) / self.bandwidth
+        return wire + max(0.0, self.wait - first_bytes / self.bandwidth)
 
 
 def gbit(rate_gbit_s: float) -> float:
@@ -141,11 +147,16 @@ def collective_time(
     if world == 1 and op != "send" or numel == 0:
         return CollectiveTime(0.0, 0.0, 0.0)
     per_byte, hops, enc, dec = _traffic(op, world)
+    # What one rank can send before it needs the others' data (hides `link.wait`): one ring step's
+    # chunk for the plain ring collectives; the all-to-all half of the two-shot all-reduce, or all
+    # of a compressed reduce-scatter / all-gather / send.
     if codec is None:
-        ring_hops = {"all_reduce": 2 * (world - 1), "reduce_scatter": world - 1, "all_gather": world - 1}
-        wire = link.transfer(per_byte * numel * elem_bytes, world, ring_hops.get(op, 1))
+        steps = 2 * (world - 1) if op == "all_reduce" else (world - 1 if op != "send" else 1)
+        per_rank = per_byte * numel * elem_bytes
+        wire = link.transfer(per_rank, world, steps, per_rank / steps)
         return CollectiveTime(wire, 0.0, wire)
-    wire = link.transfer(per_byte * numel * codec.bytes_per_elem, world, hops)
+    per_rank = per_byte * numel * codec.bytes_per_elem
+    wire = link.transfer(per_rank, world, hops, per_rank / 2 if op == "all_reduce" else per_rank)
     code = enc * numel / codec.encode_rate + dec * numel / codec.decode_rate
     total = max(wire, code) + min(wire, code) / slices
     return CollectiveTime(wire, code, total)

@@ -86,7 +86,11 @@ class NetNamespace:
             tbf = ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", self.burst, "latency", self.latency]
             tc = ("ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "lo")
             if self.delay_ms:
-                _sh(*tc, "root", "handle", "1:", "netem", "delay", f"{self.delay_ms:g}ms")
+                try:
+                    _sh(*tc, "root", "handle", "1:", "netem", "delay", f"{self.delay_ms:g}ms")
+                except RuntimeError as e:
+                    raise RuntimeError(f"{e}: a delay needs the sch_netem kernel module (modprobe "
+                                       "sch_netem); without it use a delay of 0") from None  # fmt: skip
                 _sh(*tc, "parent", "1:1", "handle", "10:", *tbf)
             else:
                 _sh(*tc, "root", *tbf)
