@@ -87,6 +87,7 @@ def test_analysis_f_r_speedup_ideal_and_model():
     assert base["model_step_s"] == pytest.approx(pred)
     assert rep["links"][50.0]["alpha_s"] == 1e-3
     text = cluster.format_report(rep)
+    assert "| bf16 | 50 | 1000 | 0.91 | 550 | 1.88 | **1.82x** |" in cluster.format_markdown(rep)
     assert "comm bf16" in text and "fwd 2.00, bwd 2.00" in text
     verdict = cluster.acceptance(rep)
     assert "bf16/taco: where f >= 0.85: 50 Mbit/s (f=0.91) 1.82x vs >= 1.6x: met" in verdict

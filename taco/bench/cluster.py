@@ -98,6 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PNG",
         help="speedup vs bandwidth (and PNG_model.png: modeled vs measured)",
     )
+    p.add_argument("--markdown", default=None, metavar="PATH", help="write the capped rows as markdown")
     p.add_argument("--from-json", default=None, metavar="PATH", help="re-analyse a --json file, no runs")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # re-executed inside the netns
 
@@ -646,6 +647,26 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(report: dict[str, Any]) -> str:
+    """The capped rows of every mode as one markdown table (the README's and docs/cluster.md's)."""
+    head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "ideal",
+            "of ideal", "model err base / codec", "val loss gap"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = report["rows"]
+    for r in rows:
+        if r["codec"] == "none" or not r["rate_mbit"]:
+            continue
+        key = (r["mode"], r["rate_mbit"], "none")
+        base = next(b for b in rows if (b["mode"], b["rate_mbit"], b["codec"]) == key)
+        err = (f"{base['model_err_pct']:+.1f}% / {r['model_err_pct']:+.1f}%" if "model_err_pct" in r
+               else "-")  # fmt: skip
+        cells = [r["mode"], f"{r['rate_mbit']:g}", f"{base['step_s'] * 1e3:.0f}", f"{r['f']:.2f}",
+                 f"{r['step_s'] * 1e3:.0f}", f"{r['r']:.2f}", f"**{r['speedup']:.2f}x**",
+                 f"{r['ideal']:.2f}x", f"{r['of_ideal']:.1%}", err, f"{r['val_gap_pct']:+.2f}%"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def acceptance(report: dict[str, Any]) -> str:
     """The issue's criteria per mode and codec, as measured (never adjusted)."""
     lines = []
@@ -751,6 +772,9 @@ def run_cluster(args: argparse.Namespace) -> int:
             json.dumps(dict(meta=meta, results=results, curves=curves, **report), indent=1)
         )
         print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(format_markdown(report) + "\n")
+        print(f"wrote {args.markdown}")
     if args.plot:
         from .plots import plot_speedup, plot_validation
 

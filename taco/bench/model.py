@@ -443,12 +443,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-tokens", type=int, default=4096, help="tokens per micro-batch (b * s)")
     p.add_argument("--slices", type=int, default=4)
     p.add_argument("--tp", default="2,4,8", help="comma list of TP degrees")
+    p.add_argument("--plot", default=None, metavar="PNG", help="modeled speedup vs TP link bandwidth (H100)")
     args = p.parse_args(argv)
     tps = tuple(int(t) for t in args.tp.split(","))
     rows = projection(tps=tps, micro_tokens=args.micro_tokens, slices=args.slices)
     print(format_projection(rows))
     print()
     print(assumptions())
+    if args.plot:
+        from .plots import plot_projection
+
+        plot_projection(rows, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 
