@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import datetime
 import inspect
 import json
 import os
@@ -48,6 +47,8 @@ from typing import Any
 import torch
 
 from . import model as cm
+from .ranks import comma_list as _csv
+from .ranks import gloo_rank, spawn_ranks
 
 MODES = {
     "bf16": "train.dtype=bf16, parallel.tp_comm_dtype=bf16: every TP collective in bf16 (Megatron)",
@@ -57,10 +58,6 @@ MODES = {
 MODE_DTYPES = {"bf16": ("bf16", "bf16"), "autocast": ("bf16", "input"), "fp32": ("fp32", "fp32")}
 PHASES = ("comm_s", "encode_s", "decode_s")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _csv(cast: Any) -> Any:
-    return lambda s: [cast(v) for v in s.split(",") if v.strip()]
 
 
 def add_cluster_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -128,24 +125,13 @@ def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
     return dict(steps=steps, val_loss=tr.evaluate(), sites=sites)
 
 
-def _rank_main(rank: int, world: int, port: int, spec: dict[str, Any], out: str) -> None:
-    import torch.distributed as dist
-
+def _rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
     from taco.train.config import Config
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(spec["threads"])
     if spec["backend"] == "auto":
         import taco.kernels  # noqa: F401 - registers the native CPU codec kernels
-    cfg = Config.from_dict(spec["config"])
-    timeout = datetime.timedelta(seconds=spec["timeout"])
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
-    try:
-        res = _train(cfg, Path(spec["data_dir"]))
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(res))
+    with gloo_rank(rank, world, port, spec["threads"], spec["timeout"]):
+        return _train(Config.from_dict(spec["config"]), Path(spec["data_dir"]))
 
 
 # ----------------------------------------------------------------------------- the worker (in the netns)
@@ -194,15 +180,12 @@ def probe_link(rate_mbit: float | None) -> dict[str, float]:
     return dict(bytes_per_s=total / dt, rtt_s=statistics.median(rtts[1:]), probe_bytes=total)
 
 
-def _calib_rank(rank: int, world: int, port: int, numel: int, gap_s: float, out: str) -> None:
+def _calib_rank(rank: int, world: int, port: int, numel: int, gap_s: float) -> dict[str, float]:
     """Time plain gloo all-reduces of 1 KiB and of one TP message (bf16), `gap_s` idle before each."""
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
-    try:
-        res = {}
+    res = {}
+    with gloo_rank(rank, world, port, 1, 600):
         for name, x, reps in (
             ("small", torch.zeros(256), 21),
             ("big", torch.zeros(numel, dtype=torch.bfloat16), 9),
@@ -216,36 +199,19 @@ def _calib_rank(rank: int, world: int, port: int, numel: int, gap_s: float, out:
                 dist.all_reduce(x)
                 ts.append(time.perf_counter() - t0)
             res[f"{name}_s"], res[f"{name}_bytes"] = statistics.median(ts), x.numel() * x.element_size()
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(res))
+    return res
 
 
 def calibrate_link(world: int, numel: int, gap_s: float = 0.02) -> dict[str, float]:
     """Latency of this namespace's lo as a plain all-reduce sees it: alpha = the median time of a
     1 KiB all-reduce (a TP-sized one is timed too, for the record; bandwidth is the TCP probe's)."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "calib.json")
-        mp.start_processes(_calib_rank, args=(world, _free_port(), numel, gap_s, out), nprocs=world,
-                           start_method="spawn")  # fmt: skip
-        res = json.loads(Path(out).read_text())
+    res = spawn_ranks(_calib_rank, world, numel, gap_s)
     res["alpha_s"] = res["small_s"]
     return res
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(job_path: str) -> int:
     """Run every job of a job file (one link rate) and write the records next to it."""
-    import torch.multiprocessing as mp
-
     job = json.loads(Path(job_path).read_text())
     spec0 = job["runs"][0]["config"]
     world = spec0["parallel"]["dp"] * spec0["parallel"]["pp"] * spec0["parallel"]["tp"]
@@ -257,11 +223,7 @@ def _worker(job_path: str) -> int:
         cfg = spec["config"]
         world = cfg["parallel"]["dp"] * cfg["parallel"]["pp"] * cfg["parallel"]["tp"]
         load0 = os.getloadavg()[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            res_path = os.path.join(tmp, "rank0.json")
-            mp.start_processes(_rank_main, args=(world, _free_port(), spec, res_path), nprocs=world,
-                               start_method="spawn")  # fmt: skip
-            rec = json.loads(Path(res_path).read_text())
+        rec = spawn_ranks(_rank_main, world, spec)
         rec.update(
             mode=spec["mode"],
             codec=spec["codec"],

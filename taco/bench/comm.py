@@ -20,18 +20,18 @@ in the JSON is 0). On CPU torch has no allocator statistics, so temporaries insi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 import torch
+
+from .ranks import comma_list as _csv
+from .ranks import gloo_rank, spawn_ranks
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -47,10 +47,6 @@ def _fmt_size(n: int) -> str:
         if n >= m:
             return f"{n / m:g} {unit}"
     return f"{n} B"
-
-
-def _csv(cast: Any) -> Any:
-    return lambda s: [cast(v) for v in s.split(",") if v.strip()]
 
 
 def add_comm_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -161,32 +157,14 @@ def _measure(op: str, size: int, rank: int, world: int, cfg: argparse.Namespace)
     return rows
 
 
-def _rank_main(rank: int, world: int, port: int, cfg: argparse.Namespace, outdir: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(cfg.threads)
+def _rank_main(rank: int, world: int, port: int, cfg: argparse.Namespace) -> list[dict]:
     _load_backend(cfg.backend)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=20))
-    try:
-        rows = [r for op in cfg.ops for size in cfg.sizes for r in _measure(op, size, rank, world, cfg)]
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        with open(os.path.join(outdir, "rows.json"), "w") as f:
-            json.dump(rows, f)
+    with gloo_rank(rank, world, port, cfg.threads):
+        return [r for op in cfg.ops for size in cfg.sizes for r in _measure(op, size, rank, world, cfg)]
 
 
 def _spawn(world: int, cfg: argparse.Namespace) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as outdir:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(_rank_main, args=(world, port, cfg, outdir), nprocs=world, start_method="spawn")
-        with open(os.path.join(outdir, "rows.json")) as f:
-            return json.load(f)
+    return spawn_ranks(_rank_main, world, cfg)
 
 
 def format_table(rows: list[dict]) -> str:

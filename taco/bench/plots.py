@@ -21,6 +21,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str) -> None:
+    """Lay out, write `path` (its folder created) at 120 dpi and free the figure."""
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_speedup(rows: list[dict[str, Any]], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
     """One panel per comm mode: measured speedup (o), ideal (x) and model (line) vs Mbit/s."""
     plt = _pyplot()
@@ -50,10 +58,7 @@ def plot_speedup(rows: list[dict[str, Any]], curves: dict[str, list[tuple[float,
         ax.set_title(f"TP traffic: {mode}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") -> None:
@@ -76,10 +81,7 @@ def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") ->
     ax.set_ylabel(f"modeled step speedup (TACO vs bf16, {gpu})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_validation(rows: list[dict[str, Any]], path: str, tolerance: float = 0.15) -> None:
@@ -112,7 +114,4 @@ def plot_validation(rows: list[dict[str, Any]], path: str, tolerance: float = 0.
     ax.set_ylabel("modeled step time (ms)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)

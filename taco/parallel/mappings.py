@@ -52,7 +52,9 @@ def _kw(ctx: TPContext, site: str) -> dict:
     return kw
 
 
-def _collective(fn: Callable[..., torch.Tensor], x: torch.Tensor, ctx: TPContext, site: str, **kw: Any):
+def _collective(
+    fn: Callable[..., torch.Tensor], x: torch.Tensor, ctx: TPContext, site: str, **kw: Any
+) -> torch.Tensor:
     """Run one TP collective on `x` in the context's communication dtype (what travels is captured)."""
     dtype = ctx.comm_dtype
     cast = dtype is not None and x.is_floating_point() and x.dtype != dtype

@@ -1,0 +1,68 @@
+"""Local gloo ranks for the benchmarks: spawn them, set each one up on `lo`, collect rank 0's result.
+
+Why this file exists: `comm.py` and `cluster.py` both run short jobs on N spawned processes
+(inside a capped namespace or not) whose rank 0 reports JSON; this is that plumbing, written once.
+
+    def body(rank, world, port, threads):          # a top-level function (spawn pickles it)
+        with gloo_rank(rank, world, port, threads):
+            return {"sum": ...}                    # rank 0's return value reaches the parent
+    result = spawn_ranks(body, 2, 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def comma_list(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """An argparse `type` for "a,b,c": each non-empty item through `cast`."""
+    return lambda s: [cast(v) for v in s.split(",") if v.strip()]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, world: int, port: int, threads: int, timeout_s: float = 1200) -> Iterator[None]:
+    """This process as `rank` of a gloo group over `lo` (`threads` compute threads); destroyed on exit."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(threads)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple) -> None:
+    result = fn(rank, world, port, *args)
+    if rank == 0:
+        Path(out).write_text(json.dumps(result))
+
+
+def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any) -> Any:
+    """Run `fn(rank, world, port, *args)` in `world` spawned processes; rank 0's (JSON) return value."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        mp.start_processes(_entry, args=(fn, world, free_port(), out, args), nprocs=world,
+                           start_method="spawn")  # fmt: skip
+        return json.loads(Path(out).read_text())
