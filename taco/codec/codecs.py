@@ -341,6 +341,21 @@ def list_codecs() -> list[str]:
     return list(CODECS)
 
 
+def codec_options(name: str) -> list[str]:
+    """The keyword options codec `name` accepts (its constructor's parameters)."""
+    import inspect
+
+    if name not in CODECS:
+        raise ValueError(f"unknown codec {name!r}: choose one of {list_codecs()}")
+    return [p for p in inspect.signature(CODECS[name].__init__).parameters if p != "self"]
+
+
+def accepted_options(name: str, options: dict) -> dict:
+    """The subset of `options` that codec `name` accepts (e.g. no group_size for fp8-tensor)."""
+    params = codec_options(name)
+    return {k: v for k, v in options.items() if k in params}
+
+
 def get_codec(name: str | Codec | None = "taco", **options) -> Codec:
     """Build a codec by name with keyword options, e.g. get_codec("taco", group_size=128, fmt="e4m3").
 
@@ -360,10 +375,7 @@ def get_codec(name: str | Codec | None = "taco", **options) -> Codec:
     try:
         return cls(**options)
     except TypeError as e:
-        import inspect
-
-        params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-        raise TypeError(f"codec {name!r} accepts options {params}: {e}") from None
+        raise TypeError(f"codec {name!r} accepts options {codec_options(name)}: {e}") from None
 
 
 def sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -12,16 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from taco.codec import accepted_options
 from taco.train.config import Config
-
-
-def _accepted(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    import inspect
-
-    from taco.codec import CODECS
-
-    params = inspect.signature(CODECS[name].__init__).parameters
-    return {k: v for k, v in options.items() if k in params}
 
 
 def _curve(run_dir: Path) -> list[dict[str, Any]]:
@@ -39,7 +31,7 @@ def compare(cfg: Config, codecs: list[str], out: Path, baseline: str = "none") -
         c = copy.deepcopy(cfg)
         c.compression.tp_codec = name
         # keep the options this codec accepts (group_size for group codecs, fmt for FP8 ones, ...)
-        c.compression.tp_codec_options = _accepted(name, cfg.compression.tp_codec_options)
+        c.compression.tp_codec_options = accepted_options(name, cfg.compression.tp_codec_options)
         c.train.out_dir = str(out / name)
         c.train.name = name
         c.train.resume = False
