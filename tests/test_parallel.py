@@ -164,7 +164,7 @@ def _bad_heads(rank, world):
 
 def test_heads_not_divisible_by_tp_is_a_clear_error():
     msgs = run_distributed(_bad_heads, 2)
-    assert all("n_head=3 is not divisible by tp=2" in m for m in msgs)
+    assert all("n_head = 3 must be divisible by tp = 2" in m for m in msgs)
 
 
 def test_parallel_dims_validation_and_coords():

@@ -10,6 +10,7 @@ import torch
 
 from taco.parallel import PipelineStage, stage_layers
 from taco.parallel.pipeline import SCHEDULES, Action, one_f_one_b_actions, schedule_actions
+from taco.parallel.tags import is_pp_copy
 from tests.dist import run_distributed
 from tests.test_3d import parallel_step, tiny
 
@@ -70,7 +71,7 @@ def test_stage_keeps_its_layers_embedding_and_head():
     assert first.model.tok_emb is not None and first.model.lm_head is None
     assert last.model.tok_emb is None and last.model.lm_head is not None
     assert torch.equal(first.tied_weight, last.tied_weight)  # tied copies start equal
-    assert getattr(last.tied_weight, "_taco_pp_copy", False)
+    assert is_pp_copy(last.tied_weight)
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

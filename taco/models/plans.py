@@ -30,6 +30,7 @@ backward, or all-gather in forward with sequence parallelism), ``layers.{i}.attn
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fnmatch import fnmatchcase
 
 from torch import nn
@@ -93,25 +94,32 @@ def sites(model: nn.Module) -> list[str]:
     ]
 
 
-def check_tp_size(model: nn.Module, tp: int) -> None:
-    """Raise ``ValueError`` naming the fix when ``model`` cannot be split ``tp`` ways by its plan."""
-    cfg = model.config
-    if isinstance(model, GPT):
-        dims = {"n_head": cfg.n_head, "vocab_size": cfg.vocab_size}
-    elif isinstance(model, Qwen):
-        dims = {
-            "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads,
-            "intermediate_size": cfg.intermediate_size,
-            "vocab_size": cfg.vocab_size,
-        }
-    else:
-        raise TypeError(f"no tensor-parallel plan for {type(model).__name__}; expected GPT or Qwen")
+def check_tp_divisible(sizes: Mapping[str, int], tp: int, tp_name: str = "tp") -> None:
+    """The one tensor-parallel divisibility check: every size that TP splits (name -> size) must
+    be divisible by `tp`; raise ``ValueError`` naming each offender and the fix otherwise.
+
+    The config (before any rank starts), ``check_tp_size`` (a built model) and the sharding of a
+    single weight all call this, so the rule and its message live here only.
+    """
     if tp < 1:
-        raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
-    bad = {k: v for k, v in dims.items() if v % tp}
+        raise ValueError(f"{tp_name} = {tp}: the tensor-parallel size must be >= 1")
+    bad = [f"{name} = {n}" for name, n in sizes.items() if n % tp]
     if bad:
         raise ValueError(
-            f"{type(model).__name__} cannot be split {tp} ways: {bad} not divisible by {tp} "
-            "(choose another tp size, or pad vocab_size to a multiple of it)"
+            f"{', '.join(bad)} must be divisible by {tp_name} = {tp}: choose a {tp_name} that divides "
+            f"{'it' if len(bad) == 1 else 'each of them'}, or change the size (a vocabulary can be padded)"
         )
+
+
+_TP_SPLIT_FIELDS = ("n_head", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+
+
+def check_tp_size(model: nn.Module, tp: int) -> None:
+    """Raise ``ValueError`` naming the fix when ``model`` cannot be split ``tp`` ways by its plan.
+
+    Checks the head counts, MLP width and vocabulary of ``model.config`` that are present (GPT:
+    ``n_head``, ``vocab_size``; Qwen: heads, key/value heads, ``intermediate_size``, ``vocab_size``).
+    """
+    cfg = getattr(model, "config", None)
+    sizes = {f: getattr(cfg, f) for f in _TP_SPLIT_FIELDS if isinstance(getattr(cfg, f, None), int)}
+    check_tp_divisible(sizes, tp)

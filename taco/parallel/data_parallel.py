@@ -26,6 +26,8 @@ from taco import comm
 from taco.codec import Codec
 from taco.comm.policy import CodecSpec
 
+from .tags import dp_hook_state, set_dp_hook_state
+
 DP_SITE = "dp.grad"
 
 
@@ -86,14 +88,15 @@ def wrap_data_parallel(
     )
     c = comm.make_codec(codec, codec_options)
     if c is not None:
-        ddp._taco_dp_hook = DPHookState(group, c, policy)
-        ddp.register_comm_hook(ddp._taco_dp_hook, compressed_allreduce_hook)
+        state = DPHookState(group, c, policy)
+        set_dp_hook_state(ddp, state)
+        ddp.register_comm_hook(state, compressed_allreduce_hook)
     return ddp
 
 
 def hook_state(module: nn.Module) -> DPHookState | None:
     """The hook state of a module wrapped with a compressing hook (None otherwise)."""
-    return getattr(module, "_taco_dp_hook", None)
+    return dp_hook_state(module)
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -13,18 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .mappings import TPContext, reduce_from_tensor_parallel_region, tp_output
+from .tags import mark_tp_partial, mark_tp_sharded
 
 
-def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> torch.Tensor:
-    n = t.shape[dim]
-    if n % ctx.size:
-        raise ValueError(f"{what}: size {n} along dim {dim} is not divisible by tp={ctx.size}")
-    return t.chunk(ctx.size, dim=dim)[ctx.rank].detach().clone()
+def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> nn.Parameter:
+    """This rank's slice of `t` along `dim` as a new parameter marked TP-sharded."""
+    from taco.models.plans import check_tp_divisible
 
-
-def _sharded(p: nn.Parameter) -> nn.Parameter:
-    p._taco_tp_sharded = True  # each TP rank holds a distinct slice (counted once per rank in norms)
-    return p
+    check_tp_divisible({f"{what} (size along dim {dim})": t.shape[dim]}, ctx.size)
+    return mark_tp_sharded(nn.Parameter(t.chunk(ctx.size, dim=dim)[ctx.rank].detach().clone()))
 
 
 class ColumnParallelLinear(nn.Module):
@@ -35,8 +32,8 @@ class ColumnParallelLinear(nn.Module):
         self.in_features = full.in_features
         self.out_features = full.out_features // ctx.size
         self.name = name
-        self.weight = _sharded(nn.Parameter(_shard(full.weight, 0, ctx, name)))  # [out/tp, in]
-        self.bias = _sharded(nn.Parameter(_shard(full.bias, 0, ctx, name))) if full.bias is not None else None
+        self.weight = _shard(full.weight, 0, ctx, name)  # [out/tp, in]
+        self.bias = _shard(full.bias, 0, ctx, name) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)  # [b, s, out/tp]
@@ -58,10 +55,10 @@ class RowParallelLinear(nn.Module):
         self.name = name
         self.in_features = full.in_features // ctx.size
         self.out_features = full.out_features
-        self.weight = _sharded(nn.Parameter(_shard(full.weight, 1, ctx, name)))  # [out, in/tp]
+        self.weight = _shard(full.weight, 1, ctx, name)  # [out, in/tp]
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
         if self.bias is not None and ctx.sp:
-            self.bias._taco_tp_partial = True
+            mark_tp_partial(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = tp_output(F.linear(x, self.weight), self.ctx, self.name)  # [b, s(/tp), out]
@@ -82,7 +79,7 @@ class VocabParallelEmbedding(nn.Module):
         self.ctx = ctx
         self.name = name
         self.num_embeddings = full.num_embeddings
-        self.weight = _sharded(nn.Parameter(_shard(full.weight, 0, ctx, f"{name} (vocab size)")))  # [V/tp, h]
+        self.weight = _shard(full.weight, 0, ctx, f"{name} (vocab size)")  # [V/tp, h]
         self.start = ctx.rank * self.weight.shape[0]
         self.end = self.start + self.weight.shape[0]
 

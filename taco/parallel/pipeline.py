@@ -34,6 +34,7 @@ from taco import comm
 from taco.codec import Codec
 
 from .dims import ParallelDims
+from .tags import mark_pp_copy, tp_context
 
 Action = tuple[str, int]
 """(kind, micro-batch): kind in fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd."""
@@ -93,7 +94,7 @@ class PipelineStage(nn.Module):
             model.lm_head = None
         self.model = model
         if self.tied and n_stages > 1 and self.is_last:
-            model.lm_head.weight._taco_pp_copy = True  # counted once in norms (on the first stage)
+            mark_pp_copy(model.lm_head.weight)  # counted once in norms (on the first stage)
 
     @property
     def tied_weight(self) -> nn.Parameter | None:
@@ -231,7 +232,7 @@ class PipelineEngine:
         p = stage.stage
         self.prev = ranks[p - 1] if p > 0 else None
         self.next = ranks[p + 1] if p < len(ranks) - 1 else None
-        tp = getattr(stage.model, "_taco_tp", None)
+        tp = tp_context(stage.model)
         self.seq_shards = tp.size if tp is not None and tp.sp else 1
 
     # -- point to point ----------------------------------------------------------------------

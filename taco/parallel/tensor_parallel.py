@@ -23,21 +23,12 @@ from torch import nn
 from .dims import ParallelDims
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .mappings import TPContext, scatter_to_sequence_parallel_region, tp_input
+from .tags import is_tp_partial, mark_tp_partial, set_tp_context, tp_context
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
-def _check_heads(model: nn.Module, tp: int) -> None:
-    cfg = getattr(model, "config", None)
-    for field in ("n_head", "num_attention_heads", "num_key_value_heads"):
-        n = getattr(cfg, field, None)
-        if n is not None and n % tp:
-            raise ValueError(
-                f"model.{field}={n} is not divisible by tp={tp}: choose tp dividing the number of heads"
-            )
 
 
 def _input_site(parent: str, children: list[str]) -> str:
@@ -57,17 +48,17 @@ def apply_tensor_parallel(
     `policy`: a `taco.comm.CommPolicy` choosing the codec per site (None: plain collectives).
     `comm_dtype`: the dtype the TP collectives' inputs are cast to (None: as they come).
     """
-    from taco.models.plans import resolve_plan  # models reach parallel only through plans
+    from taco.models.plans import check_tp_size, resolve_plan  # models reach parallel only through plans
 
     ctx = dims if isinstance(dims, TPContext) else TPContext(dims.group("tp"), policy, dims.sp)
     if policy is not None:
         ctx.policy = policy
     if comm_dtype is not None:
         ctx.comm_dtype = comm_dtype
-    model._taco_tp = ctx
+    set_tp_context(model, ctx)
     if ctx.size == 1:
         return model
-    _check_heads(model, ctx.size)
+    check_tp_size(model, ctx.size)
     styles = resolve_plan(model, plan)
     tied = {}
     col_children: dict[str, list[str]] = {}
@@ -102,7 +93,7 @@ def apply_tensor_parallel(
         in_sp_region = name.startswith("layers.") or name == "norm"
         if parent in col_children or (ctx.sp and in_sp_region):
             for p in model.get_submodule(name).parameters():
-                p._taco_tp_partial = True
+                mark_tp_partial(p)
     if ctx.sp:
         first = model.get_submodule("layers.0")
         first.register_forward_pre_hook(
@@ -112,12 +103,12 @@ def apply_tensor_parallel(
 
 
 def tp_partial_params(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if getattr(p, "_taco_tp_partial", False)]
+    return [p for p in model.parameters() if is_tp_partial(p)]
 
 
 def sync_tp_partial_grads(model: nn.Module) -> None:
     """Sum, over the TP group, the gradients that each rank holds only a part of (plain all-reduce)."""
-    ctx: TPContext | None = getattr(model, "_taco_tp", None)
+    ctx: TPContext | None = tp_context(model)
     if ctx is None or ctx.size == 1:
         return
     grads = [p.grad for p in tp_partial_params(model) if p.grad is not None]

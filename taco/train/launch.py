@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from taco.parallel import ParallelDims, stage_layers
+from taco.parallel.tags import tp_context
 from taco.train.checkpoint import check_mesh, find_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import resolve_data_dir
@@ -88,7 +89,7 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
     trainer = Trainer(cfg, dims, data_dir, log, zero=p.zero)
     trainer.maybe_resume()
     if cfg.train.capture_dir:
-        trainer.model._taco_tp.capture = _capture_fn(cfg, trainer, dims.tp_rank)
+        tp_context(trainer.model).capture = _capture_fn(cfg, trainer, dims.tp_rank)
     out_dir = Path(cfg.train.out_dir)
     logger = _Logger(out_dir, log)
     c = cfg.compression

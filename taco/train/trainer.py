@@ -36,6 +36,7 @@ from taco.parallel import (
     wrap_data_parallel,
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
+from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, ModelKind
 from taco.train.data import TokenDataset
@@ -261,10 +262,10 @@ class Trainer:
         replicated = torch.zeros((), dtype=torch.float64)
         params = [p for p in self.stage.parameters() if p.grad is not None]
         for p in params:
-            if getattr(p, "_taco_pp_copy", False):
+            if is_pp_copy(p):
                 continue
             sq = p.grad.double().square().sum()
-            if getattr(p, "_taco_tp_sharded", False):
+            if is_tp_sharded(p):
                 sharded += sq
             else:
                 replicated += sq
@@ -284,7 +285,7 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean validation loss over train.eval_steps fixed batches, with plain (uncompressed) TP
         collectives and PP transfers: the trained weights are judged, not the codec's error."""
-        ctx = self.model._taco_tp
+        ctx = tp_context(self.model)
         saved, ctx.policy = ctx.policy, None
         mb = self.cfg.parallel.microbatches
         try:
