@@ -1,7 +1,7 @@
 """Compressed collectives on stock torch.distributed: all_reduce, all_gather, reduce_scatter, send, recv.
 
 Why this file exists: it is the public face of `taco.comm` (DESIGN.md 2.1). Each function picks a
-codec (argument, or the policy when `codec` is left at its default), validates, and runs either
+codec (the argument when given; else the policy, or "taco" without one), validates, and runs either
 the plain torch.distributed collective (codec None/"none": bit-identical, on a copy) or the
 compressed algorithm of `compressed.py`. Inputs are never modified; results are new tensors in
 the input dtype. A group of one rank returns a copy without communicating or quantizing.
@@ -11,6 +11,7 @@ Inputs the compressed path cannot serve (float64, sparse) take the plain collect
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import zlib
@@ -37,11 +38,18 @@ log = logging.getLogger("taco.comm")
 Group = dist.ProcessGroup | None
 
 
-class _DefaultCodec(str):
-    """The default `codec` argument: "taco", except that a given policy decides instead."""
+class _PolicyOrTaco(enum.Enum):
+    """Type of the default `codec` argument (a sentinel that is not a codec name)."""
+
+    DEFAULT = "the policy's codec for the site, else 'taco'"
+
+    def __repr__(self) -> str:
+        return f"<{self.value}>"
 
 
-DEFAULT_CODEC = _DefaultCodec("taco")
+# The default `codec`: with a `policy`, the policy chooses per site; without one, "taco". Any codec
+# passed explicitly (a name such as "taco", a Codec, None) is used as given, policy or not.
+DEFAULT_CODEC = _PolicyOrTaco.DEFAULT
 # (site, reason) pairs already logged by calls made without a policy (log de-duplication only;
 # calls with a policy de-duplicate in the policy).
 _LOGGED_WITHOUT_POLICY: set[tuple[str, str]] = set()
@@ -60,7 +68,7 @@ class _Call:
         op: str,
         x: torch.Tensor,
         group: Group,
-        codec: CodecSpec,
+        codec: CodecSpec | _PolicyOrTaco,
         site: str | None,
         policy: CommPolicy | None,
     ) -> None:
@@ -70,8 +78,8 @@ class _Call:
             raise TypeError(f"policy must be a taco.comm.CommPolicy, got {type(policy).__name__}")
         self.op, self.x, self.group, self.policy = op, x, group, policy
         self.name = site or op
-        if policy is not None and codec is DEFAULT_CODEC:
-            self.codec = policy.codec_for(site, x.numel(), x.dtype)
+        if isinstance(codec, _PolicyOrTaco):
+            self.codec = policy.codec_for(site, x.numel(), x.dtype) if policy else _named_codec("taco")
         else:
             self.codec = _named_codec(codec) if isinstance(codec, str) else make_codec(codec)
         if self.codec is not None and not x.is_floating_point():
@@ -183,7 +191,7 @@ def _bytes(x: torch.Tensor) -> int:
 def all_reduce(
     x: torch.Tensor,
     group: Group = None,
-    codec: CodecSpec = DEFAULT_CODEC,
+    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
     async_op: bool = False,
     *,
     site: str | None = None,
@@ -232,7 +240,7 @@ def all_reduce(
 def all_gather(
     x: torch.Tensor,
     group: Group = None,
-    codec: CodecSpec = DEFAULT_CODEC,
+    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
     dim: int = 0,
     *,
     async_op: bool = False,
@@ -266,7 +274,7 @@ def all_gather(
 def reduce_scatter(
     x: torch.Tensor,
     group: Group = None,
-    codec: CodecSpec = DEFAULT_CODEC,
+    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
     dim: int = 0,
     *,
     async_op: bool = False,

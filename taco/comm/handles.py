@@ -72,9 +72,3 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"<taco.comm.Handle {'done' if self.is_completed() else 'in flight'}>"
-
-
-def run(steps: Steps, async_op: bool) -> torch.Tensor | Handle:
-    """Start `steps`; return the handle when `async_op`, else its finished result."""
-    h = Handle.start(steps)
-    return h if async_op else h.wait()

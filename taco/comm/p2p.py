@@ -15,7 +15,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .collectives import DEFAULT_CODEC, Group, _bytes, _Call
+from .collectives import DEFAULT_CODEC, Group, _bytes, _Call, _PolicyOrTaco
 from .policy import CodecSpec, CommPolicy
 
 
@@ -33,7 +33,7 @@ def send(
     x: torch.Tensor,
     dst: int,
     group: Group = None,
-    codec: CodecSpec = DEFAULT_CODEC,
+    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
     *,
     site: str | None = None,
     policy: CommPolicy | None = None,
@@ -63,7 +63,7 @@ def recv(
     like: torch.Tensor,
     src: int,
     group: Group = None,
-    codec: CodecSpec = DEFAULT_CODEC,
+    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
     *,
     site: str | None = None,
     policy: CommPolicy | None = None,
