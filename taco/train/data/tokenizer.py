@@ -78,4 +78,3 @@ def encode_documents(tok: Tokenizer, docs: Sequence[str]) -> list[np.ndarray]:
     for i, enc in zip(owner, encoded):
         ids[i].extend(enc.ids)
     return [np.asarray([*doc, eot], dtype=np.int64) for doc in ids]
-
