@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    from taco.train.cli import add_compare_subparser, add_train_subparser
+    from taco.train.cli import add_compare_subparser, add_data_subparser, add_train_subparser
 
     add_train_subparser(sub)
     add_compare_subparser(sub)
@@ -25,8 +25,6 @@ def build_parser() -> argparse.ArgumentParser:
     from taco.bench import add_bench_subparsers
 
     add_bench_subparsers(bsub)
-
-    from taco.train.data import add_data_subparser
 
     add_data_subparser(sub)
     return p

