@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import json
 import os
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,17 +22,12 @@ from typing import Any
 
 import torch
 
+from taco.train.launch import free_port
+
 
 def comma_list(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     """An argparse `type` for "a,b,c": each non-empty item through `cast`."""
     return lambda s: [cast(v) for v in s.split(",") if v.strip()]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

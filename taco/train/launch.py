@@ -173,7 +173,8 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (MASTER_PORT of locally spawned ranks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -243,7 +244,7 @@ def launch(cfg: Config) -> dict[str, Any]:
         t0 = time.time()
         mp.start_processes(
             _spawned,
-            args=(world, _free_port(), cfg, data_dir, out),
+            args=(world, free_port(), cfg, data_dir, out),
             nprocs=world,
             start_method="spawn",
             join=True,
