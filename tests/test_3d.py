@@ -34,10 +34,10 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import (
     build_optimizer,
-    hook_state,
     load_optimizer_state,
     optimizer_state,
 )
+from taco.parallel.tags import dp_hook_state
 from taco.train.launch import launch
 from tests.dist import run_distributed
 from tests.test_train import TEXT, _err, losses, tiny_args
@@ -135,7 +135,7 @@ def parallel_step(
         sent = [s for n, s in p.stats.sites.items() if not n.endswith(".recv")]
         out[f"{a}_wire"] = sum(s.wire_bytes for s in sent)
         out[f"{a}_raw"] = sum(s.raw_bytes for s in sent)
-    st = hook_state(module)
+    st = dp_hook_state(module)
     out["dp_hook_calls"] = st.calls if st is not None else 0
     if zero:  # ZeRO-1 and plain AdamW take the same step
         params = [p for p in stage.parameters()]

@@ -11,7 +11,6 @@ from taco.codec.formats import pack_int4, unpack_int4
 
 ALL = taco.list_codecs()
 LOSSY = [n for n in ALL if n != "none"]
-GROUPED = [n for n in LOSSY if n != "fp8-tensor"]
 
 
 def straightforward_taco(x: torch.Tensor, G: int = 128, fmax: float = 448.0, lam: float = 1e-6):

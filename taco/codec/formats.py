@@ -34,19 +34,6 @@ def fp8_format(name: str) -> FP8Format:
         raise ValueError(f"unknown fp8 format {name!r}: use one of {sorted(FP8_FORMATS)}") from None
 
 
-def to_fp8_bits(v: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
-    """Saturating round-to-nearest-even cast of fp32 `v` to FP8, returned as uint8 bits.
-
-    NaN stays NaN (clamp propagates NaN); finite values beyond FMAX saturate to +-FMAX.
-    """
-    return v.clamp(-fmt.fmax, fmt.fmax).to(fmt.dtype).view(torch.uint8)
-
-
-def from_fp8_bits(bits: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
-    """uint8 bits of FP8 values -> fp32."""
-    return bits.view(fmt.dtype).to(torch.float32)
-
-
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Pack int values in [-8, 7] (any int dtype, even count along the last dim) into uint8 nibbles.
 

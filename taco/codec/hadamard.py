@@ -8,7 +8,6 @@ accumulation, and on every backend a single well-optimised kernel.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -45,8 +44,3 @@ def hadamard_matrix(g: int, device: torch.device | str = "cpu") -> torch.Tensor:
         h = _sylvester_cpu(g).to(device)
         _DEVICE_CACHE[key] = h
     return h
-
-
-def hadamard_groups(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Orthonormal rotation of each row: x [ng, G] fp32 -> x @ H_G / sqrt(G) (self-inverse)."""
-    return (x @ h) / math.sqrt(h.shape[0])

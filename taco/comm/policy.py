@@ -78,7 +78,6 @@ class BufferCache:
     def __init__(self, reuse: bool = True) -> None:
         self.reuse = reuse
         self.allocated_bytes = 0
-        self.allocations = 0
         self._free: dict[tuple, list[torch.Tensor]] = {}
 
     def take(self, key: tuple, nbytes: int, device: torch.device) -> torch.Tensor:
@@ -86,18 +85,11 @@ class BufferCache:
         if free:
             return free.pop()
         self.allocated_bytes += nbytes
-        self.allocations += 1
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def give(self, key: tuple, buf: torch.Tensor) -> None:
         if self.reuse:
             self._free.setdefault((*key, buf.numel(), str(buf.device)), []).append(buf)
-
-    def cached_bytes(self) -> int:
-        return sum(b.numel() for bufs in self._free.values() for b in bufs)
-
-    def clear(self) -> None:
-        self._free.clear()
 
 
 @dataclass

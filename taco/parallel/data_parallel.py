@@ -26,7 +26,7 @@ from taco import comm
 from taco.codec import Codec
 from taco.comm.policy import CodecSpec
 
-from .tags import dp_hook_state, set_dp_hook_state
+from .tags import set_dp_hook_state
 
 DP_SITE = "dp.grad"
 
@@ -92,16 +92,6 @@ def wrap_data_parallel(
         set_dp_hook_state(ddp, state)
         ddp.register_comm_hook(state, compressed_allreduce_hook)
     return ddp
-
-
-def hook_state(module: nn.Module) -> DPHookState | None:
-    """The hook state of a module wrapped with a compressing hook (None otherwise)."""
-    return dp_hook_state(module)
-
-
-def unwrap(module: nn.Module) -> nn.Module:
-    """The module inside DDP (or the module itself)."""
-    return module.module if isinstance(module, DistributedDataParallel) else module
 
 
 def plain_allreduce_bytes(module: nn.Module, group: dist.ProcessGroup | None) -> int:
