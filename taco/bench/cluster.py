@@ -7,7 +7,7 @@ all ranks inside a network namespace whose `lo` is capped by `tc` (`netns.py`), 
 thread per rank, at each rate of `--rates`. It reports tokens/s, the measured communication
 share f of a baseline step, the wire ratio r (raw / wire bytes), the speedup, the ideal speedup
 1 / (1 - f + f / r), the achieved fraction of it, the loss gap, and the step time the cost model
-(`model.py`) predicts from uncapped measurements and a probe of the capped link.
+(`cost_model.py`) predicts from uncapped measurements and a probe of the capped link.
 
     python -m taco.bench.cluster --rates 50,100,200,400,1000 --codecs taco --json out.json
     taco bench cluster --set train.steps=20 --comm bf16,fp32 --plot docs/cluster_speedup.png
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from . import model as cm
+from . import cost_model as cm
 from .ranks import comma_list as _csv
 from .ranks import gloo_rank, spawn_ranks
 
