@@ -46,7 +46,10 @@ from typing import Any
 
 import torch
 
+from . import cli_entry
 from . import cost_model as cm
+from .codec import best_time
+from .netns import ROOT, child_env, require_root
 from .ranks import comma_list as _csv
 from .ranks import gloo_rank, spawn_ranks
 
@@ -57,7 +60,6 @@ MODES = {
 }
 MODE_DTYPES = {"bf16": ("bf16", "bf16"), "autocast": ("bf16", "input"), "fp32": ("fp32", "fp32")}
 PHASES = ("comm_s", "encode_s", "decode_s")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_cluster_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -244,17 +246,6 @@ def _worker(job_path: str) -> int:
 # ----------------------------------------------------------------------------- the parent
 
 
-def root_problem() -> str | None:
-    """Why this process cannot create a capped namespace (None: it can)."""
-    from .netns import require_root
-
-    try:
-        require_root()
-    except SystemExit as e:
-        return str(e)
-    return None
-
-
 def _accepted_options(codec: str, options: dict[str, Any]) -> dict[str, Any]:
     from taco.codec import CODECS
 
@@ -266,7 +257,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
     """One spec per (comm mode, codec): the baseline "none" first in each mode."""
     bad = [m for m in args.comm if m not in MODES]
     if bad:
-        raise SystemExit(f"unknown --comm modes {bad}: choose from {', '.join(MODES)}")
+        raise ValueError(f"unknown --comm modes {bad}: choose from {', '.join(MODES)}")
     specs = []
     for mode in args.comm:
         for codec in ["none", *[c for c in args.codecs if c != "none"]]:
@@ -287,11 +278,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
 
 def _run_worker(argv: list[str], timeout: float) -> int:
     """Run the worker in its own process group; kill that group if anything goes wrong."""
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    )
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the netns has no hostname entry: c10d warns
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    proc = subprocess.Popen(argv, env=child_env(), start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     finally:
@@ -344,17 +331,8 @@ def codec_rates(codecs: list[str], numel: int, threads: int, backend: str) -> di
             x = torch.randn(numel).to(dt)
             p = codec.encode(x)
             codec.decode(p)
-
-            def best(fn: Any) -> float:
-                ts = []
-                for _ in range(7):
-                    t0 = time.perf_counter()
-                    fn()
-                    ts.append(time.perf_counter() - t0)
-                return min(ts)
-
-            enc = best(lambda c=codec, x=x, p=p: c.encode(x, out=p.data))
-            dec = best(lambda c=codec, p=p: c.decode(p))
+            enc = best_time(lambda c=codec, x=x, p=p: c.encode(x, out=p.data), 7, x.device)
+            dec = best_time(lambda c=codec, p=p: c.decode(p), 7, x.device)
             out[f"{spec}/{dt_name}"] = dict(encode=numel / enc, decode=numel / dec,
                                             bytes_per_elem=codec.nbytes(numel, dt) / numel)  # fmt: skip
     return out
@@ -668,7 +646,7 @@ def _load_cfg(args: argparse.Namespace) -> Any:
     overrides = [f"--{o.removeprefix('--')}" for o in args.set] + list(getattr(args, "overrides", []) or [])
     cfg = load_config(args.config, overrides)
     if cfg.parallel.sp or cfg.parallel.pp > 1 or cfg.parallel.dp > 1:
-        raise SystemExit("taco bench cluster: the emulation runs TP only (sp=false, pp=dp=1)")
+        raise ValueError("the emulation runs TP only (sp=false, pp=dp=1)")
     return cfg
 
 
@@ -704,17 +682,18 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], di
     return Config.from_dict(saved["meta"]["config"]), results, saved["codec_rates"]
 
 
+@cli_entry("taco bench cluster")
 def run_cluster(args: argparse.Namespace) -> int:
-    """Run the sweep described by `args`; print the tables; 0 on success, 2 without root."""
+    """Run the sweep described by `args`; print the tables; 0 on success, 2 (one line on stderr)
+    without root or for options the emulation does not take."""
     if args.worker:
         return _worker(args.worker)
     if args.from_json:
         args.warmup_set = args.warmup is not None
         cfg, results, rates = _load_saved(args)
     else:
-        if args.rates and (problem := root_problem()):
-            print(f"taco bench cluster: {problem}", file=sys.stderr)
-            return 2
+        if args.rates:
+            require_root()
         args.warmup = 3 if args.warmup is None else args.warmup
         cfg, results, rates = _measure(args)
     report = analyse(results, cfg, args, rates)
