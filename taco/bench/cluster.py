@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import inspect
 import json
 import os
 import signal
@@ -246,15 +245,10 @@ def _worker(job_path: str) -> int:
 # ----------------------------------------------------------------------------- the parent
 
 
-def _accepted_options(codec: str, options: dict[str, Any]) -> dict[str, Any]:
-    from taco.codec import CODECS
-
-    params = inspect.signature(CODECS[codec].__init__).parameters
-    return {k: v for k, v in options.items() if k in params}
-
-
 def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[str, Any]]:
     """One spec per (comm mode, codec): the baseline "none" first in each mode."""
+    from taco.codec import accepted_options
+
     bad = [m for m in args.comm if m not in MODES]
     if bad:
         raise ValueError(f"unknown --comm modes {bad}: choose from {', '.join(MODES)}")
@@ -267,7 +261,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             choice = type(c.parallel.tp_comm_dtype)
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
             c.compression.tp_codec = codec
-            c.compression.tp_codec_options = _accepted_options(codec, cfg.compression.tp_codec_options)
+            c.compression.tp_codec_options = accepted_options(codec, cfg.compression.tp_codec_options)
             c.train.resume = False
             c.train.out_dir = str(Path(tempfile.gettempdir()) / "taco-cluster")
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),
