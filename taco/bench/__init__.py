@@ -1,7 +1,8 @@
 """Benchmarks (DESIGN.md 3): codec fidelity/throughput, collectives, emulated clusters, cost model.
 
 Every figure is measured side by side in one run; each benchmark prints a table and can write JSON.
-Library code here raises `BenchError` (the environment cannot run it: no root, no iproute2) or
+This file registers the `taco bench` subcommands and holds what their entries share: library code
+here raises `BenchError` (the environment cannot run it: no root, no iproute2) or
 `ValueError` (an option value it does not support); only the command-line entries (`run_codec`,
 `run_comm`, `run_cluster`, `netns.main`, wrapped by `cli_entry`) turn them into one line on stderr
 and exit status 2.

@@ -9,7 +9,8 @@ Ingredients, each a measured or stated number:
   that every rank's bytes cross one after another (the emulated `lo` under `tc`): it serialises
   the N ranks' traffic, so a collective's time uses the sum of all ranks' bytes.
 - `CodecCost`: wire bytes per element and encode/decode elements/s (measured: `taco bench codec`,
-  or in place by `cluster.py`; on GPUs an assumption, e.g. a fraction of HBM bandwidth).
+  or inside training by `cluster_analysis.py`; on GPUs an assumption, e.g. a fraction of HBM
+  bandwidth).
 - compute: seconds per step measured (emulation) or FLOPs / achieved FLOP/s (projection).
 
 Collectives (N ranks, message of n elements, M = n * elem_bytes, C = n * codec bytes/elem):
