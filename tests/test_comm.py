@@ -477,7 +477,7 @@ def test_netns_without_root_says_so(monkeypatch):
 
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(netns.shutil, "which", lambda name: f"/usr/sbin/{name}")
-    with pytest.raises(SystemExit, match="needs root"):
+    with pytest.raises(netns.BenchError, match="needs root"):
         netns.NetNamespace(10).__enter__()
 
 

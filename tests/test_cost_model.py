@@ -1,4 +1,4 @@
-"""The cost model of `taco.bench.model` (issue #7): formulas, alpha-beta numbers, monotonicity."""
+"""The cost model of `taco.bench.cost_model` (issue #7): formulas, alpha-beta numbers, monotonicity."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from taco.bench import model as cm
+from taco.bench import cost_model as cm
 
 MB = 1e6
 FAST = cm.CodecCost("fast", 1.0625, 1e12, 1e12)

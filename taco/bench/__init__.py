@@ -1,22 +1,53 @@
 """Benchmarks (DESIGN.md 3): codec fidelity/throughput, collectives, emulated clusters, cost model.
 
 Every figure is measured side by side in one run; each benchmark prints a table and can write JSON.
+This file registers the `taco bench` subcommands and holds what their entries share: library code
+here raises `BenchError` (the environment cannot run it: no root, no iproute2) or
+`ValueError` (an option value it does not support); only the command-line entries (`run_codec`,
+`run_comm`, `run_cluster`, `netns.main`, wrapped by `cli_entry`) turn them into one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable[..., int])
+
+
+class BenchError(RuntimeError):
+    """A benchmark cannot run on this machine as asked (e.g. a capped namespace without root).
+
+    The message is complete and meant for the user; no traceback is needed to act on it.
+    """
+
+
+def cli_entry(prog: str) -> Callable[[F], F]:
+    """Decorate a command-line entry: `BenchError` and `ValueError` become "prog: message" on stderr
+    and exit status 2, instead of a traceback (the library below raises, it never exits)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def entry(*args, **kwargs) -> int:
+            try:
+                return fn(*args, **kwargs)
+            except (BenchError, ValueError) as e:
+                print(f"{prog}: {e}", file=sys.stderr)
+                return 2
+
+        return entry  # type: ignore[return-value]
+
+    return wrap
 
 
 def add_bench_subparsers(sub: argparse._SubParsersAction) -> None:
-    """Register `taco bench codec|comm|cluster`, each from its own module (imported lazily to run)."""
+    """Register `taco bench codec|comm|cluster`, each from its own module."""
     for name in ("codec", "comm", "cluster"):
-        try:
-            mod = importlib.import_module(f"taco.bench.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"taco.bench.{name}":
-                raise
-            continue
+        mod = importlib.import_module(f"taco.bench.{name}")
         getattr(mod, f"add_{name}_subparser")(sub)
         sub.choices[name].set_defaults(func=getattr(mod, f"run_{name}"))

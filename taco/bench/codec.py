@@ -28,6 +28,8 @@ import taco
 from taco.codec import CODECS, sqnr_db
 from taco.codec.codecs import GroupCodec
 
+from . import cli_entry
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RANGE_SCALES = (1e-30, 1e-20, 1e-15, 1e-10, 1e-5, 1.0, 1e5, 1e10, 1e11, 1e12, 1e15, 1e20, 1e30)
 HIDDEN = 1024  # row width of the synthetic [tokens, hidden] tensors
@@ -109,7 +111,7 @@ def _sync(device: torch.device) -> None:
 
 
 def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> float:
-    """Best of `repeat` timed calls after one warm-up call (seconds)."""
+    """Best of `repeat` timed calls after one warm-up call (seconds); `comm` and `cluster` use it too."""
     fn()
     _sync(device)
     best = math.inf
@@ -303,13 +305,10 @@ def add_codec_subparser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     return p
 
 
+@cli_entry("taco bench codec")
 def run_codec(args: argparse.Namespace) -> int:
     """Entry point of `taco bench codec`: print the tables, write --json; returns the exit code."""
-    try:
-        result = run(args)
-    except ValueError as e:
-        print(f"taco bench codec: {e}", file=sys.stderr)
-        return 2
+    result = run(args)
     print_tables(result)
     if args.json:
         Path(args.json).write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from . import cli_entry
+from .codec import best_time
 from .ranks import comma_list as _csv
 from .ranks import gloo_rank, spawn_ranks
 
@@ -93,7 +95,7 @@ def codec_throughput(specs: list[str], numel: int = 1 << 22) -> dict[str, dict[s
 
     x = torch.randn(numel).to(torch.bfloat16)
     out: dict[str, dict[str, float]] = {}
-    t = min(_timed(lambda: x.clone()) for _ in range(3))
+    t = best_time(lambda: x.clone(), 3, x.device)
     out["copy"] = {"encode": numel / t, "decode": numel / t}
     for spec in specs:
         c = make_codec(spec)
@@ -101,13 +103,14 @@ def codec_throughput(specs: list[str], numel: int = 1 << 22) -> dict[str, dict[s
             continue
         c.decode(c.encode(x[:4096]))
         p = c.encode(x)
-        te = min(_timed(lambda c=c, p=p: c.encode(x, out=p.data)) for _ in range(5))
-        td = min(_timed(lambda c=c, p=p: c.decode(p)) for _ in range(5))
+        te = best_time(lambda c=c, p=p: c.encode(x, out=p.data), 5, x.device)
+        td = best_time(lambda c=c, p=p: c.decode(p), 5, x.device)
         out[spec] = {"encode": numel / te, "decode": numel / td}
     return out
 
 
 def _timed(fn: Any) -> float:
+    """Seconds of one call (each rank's; `_measure` keeps the slowest rank's)."""
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -163,10 +166,6 @@ def _rank_main(rank: int, world: int, port: int, cfg: argparse.Namespace) -> lis
         return [r for op in cfg.ops for size in cfg.sizes for r in _measure(op, size, rank, world, cfg)]
 
 
-def _spawn(world: int, cfg: argparse.Namespace) -> list[dict]:
-    return spawn_ranks(_rank_main, world, cfg)
-
-
 def format_table(rows: list[dict]) -> str:
     """One block per (op, world): every variant of a size next to its plain bf16 row."""
     head = "size      variant            time ms   algbw MB/s  wire MB  x fewer  speedup  SQNR dB"
@@ -194,7 +193,7 @@ def _rate_auto(thr: dict, codec: str, ratio: float) -> float:
 
 
 def _reexec_in_netns(args: argparse.Namespace, rate: float) -> int:
-    from .netns import NetNamespace
+    from .netns import NetNamespace, child_env
 
     argv = [sys.executable, "-m", "taco.bench.comm"]
     for name in ("ops", "sizes", "world", "codecs", "slices"):
@@ -202,9 +201,7 @@ def _reexec_in_netns(args: argparse.Namespace, rate: float) -> int:
     for name in ("repeats", "warmup", "threads", "backend", "burst", "latency", "delay", "codec_link_ratio"):
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     argv += ["--rate", f"{rate:.6g}"] + (["--json", os.path.abspath(args.json)] if args.json else [])
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the netns has no hostname entry: c10d warns
+    env = child_env()
     with NetNamespace(rate, args.burst, args.latency, args.delay) as ns:
         print(ns.describe(), flush=True)
         code = subprocess.run([*ns.command(argv), "--link", ns.describe()], env=env).returncode
@@ -212,11 +209,13 @@ def _reexec_in_netns(args: argparse.Namespace, rate: float) -> int:
     return code
 
 
+@cli_entry("taco bench comm")
 def run_comm(args: argparse.Namespace) -> int:
-    """Run the benchmark described by `args` (see `add_arguments`); print tables; 0 on success."""
+    """Run the benchmark described by `args` (see `add_arguments`); print tables; 0 on success,
+    2 (one line on stderr) for an unknown op or a capped link without root."""
     bad = [op for op in args.ops if op not in OPS]
     if bad:
-        raise SystemExit(f"unknown ops {bad}: choose from {list(OPS)}")
+        raise ValueError(f"unknown ops {bad}: choose from {list(OPS)}")
     torch.set_num_threads(args.threads)
     backend = _load_backend(args.backend)
     thr = codec_throughput(args.codecs)
@@ -236,7 +235,7 @@ def run_comm(args: argparse.Namespace) -> int:
             link = float(args.rate) * 1e6 / 16  # bf16 elements per second on the capped lo
             line += f"   link {link / 1e6:.2f} Melem/s bf16 -> encode/link = {t['encode'] / link:.1f}x"
         print(line)
-    rows = [r for w in args.world for r in _spawn(w, args)]
+    rows = [r for w in args.world for r in spawn_ranks(_rank_main, w, args)]
     print(format_table(rows))
     if args.json:
         meta = dict(backend=backend, threads=args.threads, link=args.link, rate_mbit=args.rate,

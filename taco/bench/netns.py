@@ -10,7 +10,7 @@ the aggregate rate of all ranks' traffic (a shared bus, not one link per rank).
         subprocess.run(ns.command([sys.executable, "-m", "taco.bench.comm", ...]), check=True)
 
 The namespace is always deleted: on exit of the `with`, at interpreter exit, and on SIGTERM.
-Needs root (CAP_NET_ADMIN) and iproute2; without them it says so and exits.
+Needs root (CAP_NET_ADMIN) and iproute2; without them entering raises `BenchError` saying so.
 Also a command line: `python -m taco.bench.netns --rate 100 -- CMD ARGS...` runs CMD capped.
 """
 
@@ -24,7 +24,13 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from types import FrameType
+
+from . import BenchError, cli_entry
+
+ROOT = Path(__file__).resolve().parents[2]
+"""the checkout this taco is imported from (its configs/, and PYTHONPATH of re-executed children)"""
 
 
 def _sh(*argv: str) -> None:
@@ -34,15 +40,24 @@ def _sh(*argv: str) -> None:
 
 
 def require_root() -> None:
-    """Exit with a clear message unless we can create namespaces and shape traffic."""
+    """Raise `BenchError` with a clear message unless we can create namespaces and shape traffic."""
     missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
     if missing:
-        raise SystemExit(f"taco.bench.netns: {', '.join(missing)} not found: install iproute2")
+        raise BenchError(f"{', '.join(missing)} not found: install iproute2")
     if os.geteuid() != 0:
-        raise SystemExit(
-            "taco.bench.netns: creating a network namespace and capping it with tc needs root "
+        raise BenchError(
+            "creating a network namespace and capping it with tc needs root "
             "(CAP_NET_ADMIN); rerun with sudo, or drop the rate option to run on the host's lo"
         )
+
+
+def child_env() -> dict[str, str]:
+    """The environment for `python -m taco...` re-executed inside a namespace: this checkout first on
+    PYTHONPATH (the child imports the same taco), c10d's warning about the missing hostname entry off."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return env
 
 
 class NetNamespace:
@@ -113,6 +128,9 @@ class NetNamespace:
             self._old_term = None
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        # Process control, not an error: installed only while this process holds the namespace, it
+        # deletes it and then ends the process as SIGTERM would (status 128 + 15), by unwinding, so
+        # the callers' `finally` blocks (e.g. killing the worker's process group) still run.
         self.delete()
         raise SystemExit(128 + signum)
 
@@ -132,6 +150,7 @@ class NetNamespace:
         return any(line.split()[0] == self.name for line in r.stdout.splitlines() if line.strip())
 
 
+@cli_entry("taco.bench.netns")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m taco.bench.netns", description=__doc__.split("\n")[0])
     p.add_argument("--rate", type=float, required=True, help="lo rate in Mbit/s")

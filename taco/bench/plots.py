@@ -9,7 +9,10 @@ speedups of `cluster.py` as markers, the model's curve over the same axes, and t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cluster_analysis import ReportRow
 
 
 def _pyplot() -> Any:
@@ -29,19 +32,19 @@ def _save(plt: Any, fig: Any, path: str) -> None:
     plt.close(fig)
 
 
-def plot_speedup(rows: list[dict[str, Any]], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
+def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
     """One panel per comm mode: measured speedup (o), ideal (x) and model (line) vs Mbit/s."""
     plt = _pyplot()
-    modes = list(dict.fromkeys(r["mode"] for r in rows if r["codec"] != "none" and r["rate_mbit"]))
+    modes = list(dict.fromkeys(r.mode for r in rows if r.codec != "none" and r.rate_mbit))
     if not modes:
         raise ValueError("no capped runs with a codec to plot")
     fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.2), squeeze=False)
     for ax, mode in zip(axes[0], modes):
-        codecs = dict.fromkeys(r["codec"] for r in rows if r["mode"] == mode and r["codec"] != "none")
+        codecs = dict.fromkeys(r.codec for r in rows if r.mode == mode and r.codec != "none")
         for i, codec in enumerate(codecs):
             color = f"C{i}"
-            pts = sorted((r["rate_mbit"], r["speedup"], r["ideal"]) for r in rows
-                         if (r["mode"], r["codec"]) == (mode, codec) and r["rate_mbit"])  # fmt: skip
+            pts = sorted((r.rate_mbit, r.speedup, r.ideal) for r in rows
+                         if (r.mode, r.codec) == (mode, codec) and r.rate_mbit)  # fmt: skip
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=f"{codec} measured")
             ax.plot(
                 [p[0] for p in pts], [p[2] for p in pts], "x", color=color, alpha=0.6, label=f"{codec} ideal"
@@ -62,7 +65,8 @@ def plot_speedup(rows: list[dict[str, Any]], curves: dict[str, list[tuple[float,
 
 
 def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") -> None:
-    """Modeled TACO speedup against the TP link's bandwidth, one line per (model, TP) (`model.projection`)."""
+    """Modeled TACO speedup against the TP link's bandwidth, one line per (model, TP) of
+    `cost_model.projection` rows."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for key in dict.fromkeys((r["model"], r["tp"]) for r in rows):
@@ -84,21 +88,21 @@ def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") ->
     _save(plt, fig, path)
 
 
-def plot_validation(rows: list[dict[str, Any]], path: str, tolerance: float = 0.15) -> None:
+def plot_validation(rows: list[ReportRow], path: str, tolerance: float = 0.15) -> None:
     """Modeled against measured step time of every run, with the +-tolerance band around y = x."""
     plt = _pyplot()
-    pts = [r for r in rows if r.get("model_step_s") is not None]
+    pts = [(r, r.run.step_s, r.model_step_s) for r in rows if r.model_step_s is not None]
     if not pts:
         raise ValueError("no rows with a modeled step time (run with the uncapped reference)")
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    for i, mode in enumerate(dict.fromkeys(r["mode"] for r in pts)):
+    for i, mode in enumerate(dict.fromkeys(r.mode for r, _, _ in pts)):
         for codec, marker in (("none", "s"), ("*", "o")):
-            sel = [r for r in pts if r["mode"] == mode and (r["codec"] == "none") == (codec == "none")]
+            sel = [(m, p) for r, m, p in pts if r.mode == mode and (r.codec == "none") == (codec == "none")]
             label = f"{mode} {'baseline' if codec == 'none' else 'codec'}"
-            ax.plot([r["step_s"] * 1e3 for r in sel], [r["model_step_s"] * 1e3 for r in sel], marker,
+            ax.plot([m * 1e3 for m, _ in sel], [p * 1e3 for _, p in sel], marker,
                     color=f"C{i}", ls="", label=label, alpha=0.8)  # fmt: skip
-    lo = min(min(r["step_s"], r["model_step_s"]) for r in pts) * 1e3 * 0.8
-    hi = max(max(r["step_s"], r["model_step_s"]) for r in pts) * 1e3 * 1.2
+    lo = min(min(m, p) for _, m, p in pts) * 1e3 * 0.8
+    hi = max(max(m, p) for _, m, p in pts) * 1e3 * 1.2
     xs = [lo, hi]
     ax.plot(xs, xs, "k-", lw=0.8)
     ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",

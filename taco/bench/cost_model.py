@@ -9,7 +9,8 @@ Ingredients, each a measured or stated number:
   that every rank's bytes cross one after another (the emulated `lo` under `tc`): it serialises
   the N ranks' traffic, so a collective's time uses the sum of all ranks' bytes.
 - `CodecCost`: wire bytes per element and encode/decode elements/s (measured: `taco bench codec`,
-  or in place by `cluster.py`; on GPUs an assumption, e.g. a fraction of HBM bandwidth).
+  or inside training by `cluster_analysis.py`; on GPUs an assumption, e.g. a fraction of HBM
+  bandwidth).
 - compute: seconds per step measured (emulation) or FLOPs / achieved FLOP/s (projection).
 
 Collectives (N ranks, message of n elements, M = n * elem_bytes, C = n * codec bytes/elem):
@@ -32,25 +33,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = [
-    "CodecCost",
-    "CollectiveTime",
-    "GPT_13B",
-    "Hardware",
-    "Link",
-    "Message",
-    "ModelShape",
-    "Parallel",
-    "QWEN25_7B",
-    "StepBreakdown",
-    "collective_time",
-    "gbit",
-    "ideal_speedup",
-    "projection",
-    "step_time",
-    "step_time_measured_compute",
-    "tp_messages",
-]
+__all__ = ["CodecCost", "CollectiveTime", "GPT_13B", "Hardware", "Link", "Message", "ModelShape",
+           "Parallel", "QWEN25_7B", "StepBreakdown", "collective_time", "gbit", "ideal_speedup", "projection",
+           "step_time", "step_time_measured_compute", "tp_messages"]  # fmt: skip
 
 # ----------------------------------------------------------------------------- building blocks
 
@@ -235,17 +220,8 @@ class ModelShape:
 GPT_13B = ModelShape(
     "GPT-13B", layers=40, hidden=5120, heads=40, kv_heads=40, ffn=20480, vocab=50257, seq=2048
 )
-QWEN25_7B = ModelShape(
-    "Qwen2.5-7B",
-    layers=28,
-    hidden=3584,
-    heads=28,
-    kv_heads=4,
-    ffn=18944,
-    vocab=152064,
-    seq=4096,
-    gated_mlp=True,
-)
+QWEN25_7B = ModelShape("Qwen2.5-7B", layers=28, hidden=3584, heads=28, kv_heads=4, ffn=18944, vocab=152064,
+                       seq=4096, gated_mlp=True)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -439,7 +415,7 @@ def assumptions() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taco.bench.model", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m taco.bench.cost_model", description=__doc__.split("\n")[0])
     p.add_argument("--micro-tokens", type=int, default=4096, help="tokens per micro-batch (b * s)")
     p.add_argument("--slices", type=int, default=4)
     p.add_argument("--tp", default="2,4,8", help="comma list of TP degrees")

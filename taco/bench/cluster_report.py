@@ -1,0 +1,96 @@
+"""The outputs of `taco bench cluster`: terminal table, markdown table, the `--json` file, figures.
+
+Why this file exists: one analysed sweep (`cluster_analysis.ClusterReport`) is shown several ways
+(the terminal table of every run, the markdown table of the capped runs that README.md and
+docs/cluster.md quote, the speedup and model-validation PNGs of `plots.py`) and saved as one JSON
+document that `--from-json` reads back (`write_json` / `load_sweep`); that formatting and file
+layout is kept apart from the orchestration (`cluster.py`) and from the arithmetic of the analysis.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .cluster_analysis import ClusterReport
+from .cluster_records import MODES, LinkResult
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
+
+
+def format_report(report: ClusterReport) -> str:
+    """Every row of every mode, one block per mode headed by its wire-dtype check."""
+    head = (f"{'link':>10} {'codec':<14} {'step ms':>9} {'tok/s':>7} {'f':>5} {'f_cap':>5} {'r':>5} "
+            f"{'speedup':>7} {'ideal':>6} {'of ideal':>8} {'model ms':>9} {'err %':>6} {'val loss':>8} "
+            f"{'gap %':>6} {'train gap %':>11} {'curve %':>7} {'load':>5}")  # fmt: skip
+    lines = []
+    for mode in dict.fromkeys(r.mode for r in report.rows):
+        chk = report.wire_dtype.get(mode)
+        dt = f"; TP bytes/elem on the wire: fwd {chk['fwd']:.2f}, bwd {chk['bwd']:.2f}" if chk else ""
+        lines += ["", f"comm {mode}: {MODES[mode]}{dt}", head]
+        for r in (r for r in report.rows if r.mode == mode):
+            link = f"{r.rate_mbit:g} Mb/s" if r.rate_mbit else "uncapped"
+            base = r.codec == "none"
+            s = r.run
+            model_ms = float("nan") if r.model_step_s is None else r.model_step_s * 1e3
+            lines.append(
+                f"{link:>10} {r.codec:<14} {s.step_s * 1e3:>9.1f} {s.tokens_per_s:>7.0f} "
+                f"{r.f:>5.2f} {_fmt(r.f_cap, '>5.2f')} {r.r:>5.2f} {r.speedup:>7.2f} "
+                f"{r.ideal:>6.2f} {'-' if base else format(r.of_ideal, '>7.1%'):>8} "
+                f"{_fmt(model_ms, '>9.1f')} "
+                f"{_fmt(r.model_err_pct, '>+6.1f')} {s.val_loss:>8.4f} "
+                f"{'-' if base else format(r.val_gap_pct, '>+6.3f'):>6} "
+                f"{'-' if base else format(r.train_gap_pct, '>+11.3f'):>11} "
+                f"{'-' if base else format(r.curve_gap_pct, '>+7.3f'):>7} {_fmt(s.load, '>5.1f')}"
+            )
+    return "\n".join(lines)
+
+
+def format_markdown(report: ClusterReport) -> str:
+    """The capped rows of every mode as one markdown table (the README's and docs/cluster.md's)."""
+    head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "ideal",
+            "of ideal", "model err base / codec", "val loss gap"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = report.rows
+    for r in rows:
+        if r.codec == "none" or not r.rate_mbit:
+            continue
+        base = next(b for b in rows if (b.mode, b.rate_mbit, b.codec) == (r.mode, r.rate_mbit, "none"))
+        err = "-"
+        if r.model_err_pct is not None and base.model_err_pct is not None:
+            err = f"{base.model_err_pct:+.1f}% / {r.model_err_pct:+.1f}%"
+        cells = [r.mode, f"{r.rate_mbit:g}", f"{base.run.step_s * 1e3:.0f}", f"{r.f:.2f}",
+                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", f"**{r.speedup:.2f}x**",
+                 f"{r.ideal:.2f}x", f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_plots(report: ClusterReport, curves: dict[str, list[tuple[float, float]]], path: str) -> list[str]:
+    """Speedup against bandwidth at `path`, and modeled against measured step time at PATH_model.png
+    when the model ran; the paths written."""
+    from .plots import plot_speedup, plot_validation
+
+    plot_speedup(report.rows, curves, path)
+    written = [path]
+    if any(r.model_step_s is not None for r in report.rows):
+        val = str(Path(path).with_name(Path(path).stem + "_model.png"))
+        plot_validation(report.rows, val)
+        written.append(val)
+    return written
+
+
+def write_json(path: str, meta: dict[str, Any], results: list[LinkResult], curves: dict,
+               report: ClusterReport) -> None:  # fmt: skip
+    """The `--json` file: how the sweep ran (`meta`), the raw results per link, and their analysis."""
+    doc = dict(meta=meta, results=[r.to_json() for r in results], curves=curves, **report.to_json())
+    Path(path).write_text(json.dumps(doc, indent=1))
+
+
+def load_sweep(path: str) -> tuple[dict[str, Any], list[LinkResult], dict[str, dict[str, float]]]:
+    """(meta, results, codec rates) of a `--json` file: what `analyse` needs to re-derive the rest."""
+    saved = json.loads(Path(path).read_text())
+    return saved["meta"], [LinkResult.from_json(r) for r in saved["results"]], saved["codec_rates"]
