@@ -329,6 +329,18 @@ def test_model_config_translates_the_neutral_sizes() -> None:
         model_config("qwen", vocab_size=65, dropout=0.1)
 
 
+def test_trainer_builds_what_build_model_builds() -> None:
+    """One translation: the trainer's model of `--model.preset=X` is `build_model(X)`."""
+    from taco.train.config import load_config
+    from taco.train.trainer import build_model as build_for_run
+
+    for name in PRESETS:
+        cfg = load_config(None, [f"--model.preset={name}"])
+        with torch.device("meta"):
+            ours, theirs = build_for_run(cfg, 4096), build_model(name, vocab_size=4096)
+        assert type(ours) is type(theirs) and ours.config == theirs.config, name
+
+
 # ---- parity with Hugging Face transformers (optional extra) ----
 
 
