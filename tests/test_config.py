@@ -9,6 +9,7 @@ import pytest
 
 from taco import models
 from taco.models.presets import SIZE_DEFAULTS
+from taco.parallel.dims import ParallelDims
 from taco.train.config import (
     PRESETS,
     CompressionConfig,
@@ -197,6 +198,15 @@ def test_demo_sizes() -> None:
     assert 6e6 <= approx <= 10e6
     qwen = load_config(CONFIGS / "qwen-small.toml")
     assert qwen.parallel.sp and (qwen.model.n_head, qwen.model.kv_heads) == (4, 2)
+
+
+def test_parallel_config_is_parallel_dims() -> None:
+    p = load_config(None, ["--parallel.dp=2", "--parallel.pp=2", "--parallel.tp=2", "--parallel.sp"]).parallel
+    assert p.dims() == ParallelDims(dp=2, pp=2, tp=2, sp=True)
+    assert str(p) == "DP2-PP2-TP2-SP" == str(p.dims()) and p.world_size == 8
+    assert str(ParallelConfig(sp=True)) == "DP1-PP1-TP1"  # SP shards nothing without TP
+    with pytest.raises(ValueError, match=r"parallel\.pp = 0: must be >= 1"):
+        ParallelConfig(pp=0)
 
 
 def test_field_docs_come_from_metadata() -> None:

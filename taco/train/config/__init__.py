@@ -14,7 +14,7 @@ Files: `schema.py` (enums and the five sections, each field's doc in its `metada
 (`Config`: the sections checked against each other, built from a nested dict), `coerce.py` (TOML
 and command-line values to field types), `loading.py` (file + overrides -> `Config`),
 `writing.py` (`Config` -> commented TOML, `--help` text). Model sizes and presets come from
-`taco.models.presets`; the codec names are
+`taco.models.presets`, the mesh format from `taco.parallel.ParallelDims`; the codec names are
 checked apart (`check_codecs`) so that nothing here needs the codec registry.
 
 Parsing library: none; the ~150-line coercer of `coerce.py` stays. tyro (torchtitan's choice)

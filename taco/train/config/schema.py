@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from taco.models.presets import PRESETS, SIZE_DEFAULTS, ffn_size
+from taco.parallel.dims import ParallelDims
 from taco.train.config.coerce import coerce
 
 # ----------------------------------------------------------------------------- enums
@@ -256,13 +257,17 @@ class ParallelConfig(_Section):
     backend: Backend = field(default=Backend.AUTO, metadata={"doc": (
         'torch.distributed backend: "auto" (nccl when CUDA is available, else gloo), "gloo" or "nccl".')})
 
+    def dims(self) -> ParallelDims:
+        """The mesh as `taco.parallel.ParallelDims` (groups not built yet: call `.build()` on every rank)."""
+        return ParallelDims(dp=self.dp, pp=self.pp, tp=self.tp, sp=self.sp)
+
     @property
     def world_size(self) -> int:
         """Number of ranks the run needs."""
-        return self.dp * self.pp * self.tp
+        return self.dims().world_size
 
     def __str__(self) -> str:
-        return f"DP{self.dp}-PP{self.pp}-TP{self.tp}" + ("-SP" if self.sp else "")
+        return str(self.dims())  # "DP2-PP2-TP2-SP" (no "-SP" when tp = 1: nothing to shard)
 
     def _check(self) -> None:
         for name in ("dp", "pp", "tp", "microbatches"):
