@@ -4,8 +4,8 @@ Why this file exists: a model size used to be spelled twice, once per vocabulary
 `hidden`/`seq_len`, the model classes' `n_embd`/`block_size`/`hidden_size`...), in two tables that
 had the same names and different values. This is the one table. `taco.models.model_config`
 translates its neutral names into `GPTConfig`/`QwenConfig`, and `taco.train.config` checks
-`model.preset` against it. Plain data and one sizing rule, no torch: the config layer reads it
-before any model exists.
+`model.preset` against it. Plain data and one sizing rule; the module itself needs no torch, the
+config layer reads it before any model exists.
 
 `SIZE_DEFAULTS` gives every neutral name its default; a 0 means "derived": `vocab_size` from the
 tokenizer, `n_kv_head` = n_head, `head_dim` = hidden // n_head, `intermediate` = `ffn_size(...)`.

@@ -136,7 +136,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 def check_codecs(cfg: Config, available: Sequence[str]) -> None:
     """Raise ValueError if a configured codec is not in `available` (pass `taco.list_codecs()`).
 
-    Kept apart from `__post_init__` so that this module does not import the codec registry (torch).
+    Kept apart from `__post_init__`: building and checking a config needs no codec registry; the
+    caller passes the names it accepts (the CLI passes `taco.list_codecs()`).
     """
     for name in ("tp_codec", "pp_codec", "dp_codec"):
         codec = getattr(cfg.compression, name)
