@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from taco import models
+from taco.models.presets import SIZE_DEFAULTS
+from taco.parallel.dims import ParallelDims
 from taco.train.config import (
     PRESETS,
     CompressionConfig,
@@ -17,7 +20,6 @@ from taco.train.config import (
     ParallelConfig,
     PPSchedule,
     TrainConfig,
-    _coerce,
     check_codecs,
     config_help,
     config_to_toml,
@@ -25,6 +27,7 @@ from taco.train.config import (
     load_config,
     parse_overrides,
 )
+from taco.train.config.coerce import coerce as _coerce
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SECTIONS = [ModelConfig, ParallelConfig, CompressionConfig, TrainConfig, DataConfig]
@@ -117,6 +120,9 @@ def test_toml_sections_and_name(tmp_path: Path) -> None:
     (["--data.dataset=text"], r"data\.path"),
     (["--data.vocab_size=100"], r"data\.vocab_size = 100: must be >= 257"),
     (["--model.preset=gpt5"], r"unknown preset; known presets: .*gpt2"),
+    (["--model.intermediate=256"], r"model\.intermediate = 256: gpt's MLP is 4 \* hidden"),
+    (["--model.head_dim=64"], r"model\.head_dim = 64: gpt heads are hidden // n_head"),
+    (["--model.kind=qwen", "--model.dropout=0.1"], r"model\.dropout = 0\.1: qwen has no dropout"),
     (["--compression.slices.x=1"], r"only table fields take a sub-key"),
     (["--parallel.sp", "--parallel.tp=4", "--model.seq_len=30"], r"model\.seq_len = 30 must be divisible"),
 ])
@@ -149,8 +155,15 @@ def test_presets(tmp_path: Path) -> None:
     assert (cfg.model.n_layer, cfg.model.seq_len, cfg.model.ffn_size) == (12, 256, 3072)
     with pytest.raises(ValueError, match="contradicts model.preset"):
         load_config(path, ["--model.kind=qwen"])
-    for name in PRESETS:  # every preset is valid on its own
-        load_config(None, [f"--model.preset={name}"])
+    assert PRESETS is models.PRESETS  # one table, in taco.models.presets
+    assert set(PRESETS) >= {"gpt-demo", "gpt-small", "qwen-demo", "qwen-small", "gpt2", "qwen3-0.6b"}
+    for name, preset in PRESETS.items():  # every preset is valid on its own, in the [model] vocabulary
+        cfg = load_config(None, [f"--model.preset={name}"])
+        assert {k: getattr(cfg.model, k) for k in preset} == preset, name
+    for name in ("gpt-small", "qwen-small"):  # the shipped configs are their presets
+        model = load_config(CONFIGS / f"{name}.toml").model
+        assert dataclasses.replace(load_config(None, [f"--model.preset={name}"]).model, preset="") == model
+    assert ModelConfig() == ModelConfig(**SIZE_DEFAULTS)  # the size defaults live with the presets
 
 
 @pytest.mark.parametrize("name", ["demo", "gpt-small", "qwen-small"])
@@ -185,6 +198,22 @@ def test_demo_sizes() -> None:
     assert 6e6 <= approx <= 10e6
     qwen = load_config(CONFIGS / "qwen-small.toml")
     assert qwen.parallel.sp and (qwen.model.n_head, qwen.model.kv_heads) == (4, 2)
+
+
+def test_parallel_config_is_parallel_dims() -> None:
+    p = load_config(None, ["--parallel.dp=2", "--parallel.pp=2", "--parallel.tp=2", "--parallel.sp"]).parallel
+    assert p.dims() == ParallelDims(dp=2, pp=2, tp=2, sp=True)
+    assert str(p) == "DP2-PP2-TP2-SP" == str(p.dims()) and p.world_size == 8
+    assert str(ParallelConfig(sp=True)) == "DP1-PP1-TP1"  # SP shards nothing without TP
+    with pytest.raises(ValueError, match=r"parallel\.pp = 0: must be >= 1"):
+        ParallelConfig(pp=0)
+
+
+def test_field_docs_come_from_metadata() -> None:
+    for section in SECTIONS:
+        for f in dataclasses.fields(section):
+            assert field_docs(section)[f.name] == " ".join(f.metadata["doc"].split())
+    assert "docs/design.md" in CompressionConfig.__doc__ and "DESIGN.md" not in config_help()
 
 
 def test_every_field_is_documented() -> None:

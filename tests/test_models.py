@@ -23,6 +23,7 @@ from taco.models import (
     build_model,
     check_tp_size,
     load_hf_checkpoint,
+    model_config,
     resolve_plan,
     save_hf_checkpoint,
     sites,
@@ -277,21 +278,67 @@ def test_check_tp_size() -> None:
         check_tp_size(tiny_gpt(), 2)
 
 
+# Parameters at a 4096-token vocabulary (tiny presets) or at the checkpoint's vocabulary (public
+# shapes: the published counts of gpt2, gpt2-medium, Qwen2.5-0.5B, Qwen3-0.6B, tied embeddings once).
+PRESET_PARAMS = {
+    "gpt-demo": 1_334_016, "gpt-small": 7_432_704, "qwen-demo": 1_312_896, "qwen-small": 5_771_264,
+    "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
+}  # fmt: skip
+
+
 def test_build_model_and_presets() -> None:
+    assert set(PRESETS) == set(PRESET_PARAMS)
     for name, preset in PRESETS.items():
-        model = build_model(name)
-        n = model.num_params()
-        assert (1e6 <= n <= 3e6) if name.endswith("demo") else (6e6 <= n <= 10e6), (name, n)
-        check_tp_size(model, 4)
+        if "vocab_size" in preset:  # a public checkpoint's shape: build on the meta device (no memory)
+            with torch.device("meta"):
+                model = build_model(name)
+        else:
+            model = build_model(name, vocab_size=4096)
+            n = model.num_params()
+            assert (1e6 <= n <= 3e6) if name.endswith("demo") else (5e6 <= n <= 10e6), (name, n)
+            check_tp_size(model, 2 if name == "qwen-small" else 4)  # qwen-small: 2 key/value heads
+        assert model.num_params() == PRESET_PARAMS[name], name
         assert isinstance(model, GPT if preset["kind"] == "gpt" else Qwen)
     assert build_model("gpt-demo", vocab_size=65).config.vocab_size == 65
-    assert isinstance(
-        build_model("qwen", **{k: v for k, v in PRESETS["qwen-demo"].items() if k != "kind"}), Qwen
-    )
+    qwen_demo = {k: v for k, v in PRESETS["qwen-demo"].items() if k != "kind"}
+    assert isinstance(build_model("qwen", vocab_size=65, **qwen_demo), Qwen)
     with pytest.raises(ValueError, match="unknown model kind 'llama'"):
         build_model("llama")
     with pytest.raises(ValueError, match="valid fields"):
         build_model("gpt-demo", n_layers=3)
+    with pytest.raises(ValueError, match="needs vocab_size"):
+        build_model("gpt-demo")
+    with pytest.raises(ValueError, match="contradicts preset 'gpt-demo'"):
+        build_model("gpt-demo", vocab_size=65, kind="qwen")
+
+
+def test_model_config_translates_the_neutral_sizes() -> None:
+    gpt = model_config("gpt", vocab_size=65, n_layer=2, n_head=4, hidden=32, seq_len=16, norm_eps=1e-6)
+    assert gpt == GPTConfig(vocab_size=65, n_layer=2, n_head=4, n_embd=32, block_size=16, layer_norm_eps=1e-6)
+    qwen = model_config("qwen", vocab_size=65, n_layer=2, n_head=4, n_kv_head=2, hidden=64, seq_len=32,
+                        qk_norm=True, tie_embeddings=False)  # fmt: skip
+    assert (qwen.hidden_size, qwen.num_hidden_layers, qwen.num_attention_heads) == (64, 2, 4)
+    assert (qwen.num_key_value_heads, qwen.head_dim, qwen.max_position_embeddings) == (2, 16, 32)
+    assert qwen.intermediate_size == 192  # 0 = 8/3 * hidden rounded up to a multiple of 64
+    assert qwen.qk_norm and not qwen.attention_bias and not qwen.tie_word_embeddings
+    for bad, match in [(dict(intermediate=64), "intermediate"), (dict(n_kv_head=2), "n_kv_head"),
+                       (dict(head_dim=16), "head_dim"), (dict(qk_norm=True), "qk_norm")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            model_config("gpt", vocab_size=65, hidden=32, **bad)
+    with pytest.raises(ValueError, match="qwen has no dropout"):
+        model_config("qwen", vocab_size=65, dropout=0.1)
+
+
+def test_trainer_builds_what_build_model_builds() -> None:
+    """One translation: the trainer's model of `--model.preset=X` is `build_model(X)`."""
+    from taco.train.config import load_config
+    from taco.train.trainer import build_model as build_for_run
+
+    for name in PRESETS:
+        cfg = load_config(None, [f"--model.preset={name}"])
+        with torch.device("meta"):
+            ours, theirs = build_for_run(cfg, 4096), build_model(name, vocab_size=4096)
+        assert type(ours) is type(theirs) and ours.config == theirs.config, name
 
 
 # ---- parity with Hugging Face transformers (optional extra) ----

@@ -105,11 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
     """The training loop of one rank; per-step TP bytes and phase times from the TP policy's stats."""
-    from taco.parallel import ParallelDims
     from taco.train.trainer import Trainer
 
-    p = cfg.parallel
-    tr = Trainer(cfg, ParallelDims(dp=p.dp, pp=p.pp, tp=p.tp, sp=p.sp).build(), data_dir, False)
+    tr = Trainer(cfg, cfg.parallel.dims().build(), data_dir, False)
     stats = tr.policy.stats
     keys = ("wire_bytes", "raw_bytes", *PHASES)
     steps = []

@@ -2,7 +2,9 @@
 
 Why this package exists: the trainer and the tensor-parallel layers need a few small, readable
 decoders (GPT-2 and Qwen2/Qwen3 style) whose parameter names are stable; distribution is applied
-from outside through ``plans.tp_plan``. ``build_model`` makes one by kind or preset name.
+from outside through ``plans.tp_plan``. ``build_model`` makes one by kind or preset name
+(``presets.PRESETS``), through ``model_config``, the one translation from the neutral size names
+of the presets and of the ``[model]`` config section to ``GPTConfig``/``QwenConfig``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 from taco.models.gpt import GPT, GPTConfig
 from taco.models.hf import load_hf_checkpoint, save_hf_checkpoint
 from taco.models.plans import check_tp_size, resolve_plan, sites, tp_plan
+from taco.models.presets import PRESETS, SIZE_DEFAULTS, SIZE_KEYS, ffn_size
 from taco.models.qwen import Qwen, QwenConfig
 
 __all__ = [
@@ -25,51 +28,74 @@ __all__ = [
     "build_model",
     "check_tp_size",
     "load_hf_checkpoint",
+    "model_config",
     "resolve_plan",
     "save_hf_checkpoint",
     "sites",
     "tp_plan",
 ]
 
-# Tiny models for CPU training. vocab_size is usually overridden by the tokenizer's size.
-# Head counts, key/value heads and widths divide by 4 (tp up to 4; up to 8 for the "small" GPT).
-PRESETS: dict[str, dict[str, Any]] = {
-    # ~1.4M parameters
-    "gpt-demo": dict(kind="gpt", vocab_size=4096, n_layer=4, n_head=4, n_embd=128, block_size=256),
-    # ~7.4M parameters
-    "gpt-small": dict(kind="gpt", vocab_size=4096, n_layer=8, n_head=8, n_embd=256, block_size=512),
-    # ~1.3M parameters
-    "qwen-demo": dict(
-        kind="qwen", vocab_size=4096, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=True,
-    ),
-    # ~7.3M parameters
-    "qwen-small": dict(
-        kind="qwen", vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True,
-    ),
-}  # fmt: skip
-
 _KINDS: dict[str, tuple[type[nn.Module], type]] = {"gpt": (GPT, GPTConfig), "qwen": (Qwen, QwenConfig)}
 
 
-def build_model(kind: str, **cfg: Any) -> nn.Module:
-    """Build a model by kind (``"gpt"``, ``"qwen"``) or preset name; ``cfg`` sets/overrides config fields.
+def model_config(kind: str, **sizes: Any) -> GPTConfig | QwenConfig:
+    """Translate neutral sizes (the names of ``PRESETS`` and of the ``[model]`` config section) into the
+    config of the model class of ``kind``; omitted sizes take ``SIZE_DEFAULTS``, ``vocab_size`` is required.
 
-    Example: ``build_model("gpt-demo", vocab_size=65)`` or ``build_model("gpt", vocab_size=65, ...)``.
+    The one place that knows ``hidden`` is GPT's ``n_embd`` and Qwen's ``hidden_size``, and so on.
+    Values a class cannot honour raise ``ValueError`` instead of being dropped.
     """
-    if kind in PRESETS:
-        preset = dict(PRESETS[kind])
-        kind = preset.pop("kind")
-        cfg = {**preset, **cfg}
     if kind not in _KINDS:
         raise ValueError(
             f"unknown model kind {kind!r}; choose one of {sorted(_KINDS)} or a preset {sorted(PRESETS)}"
         )
-    model_cls, config_cls = _KINDS[kind]
-    try:
-        config = config_cls(**cfg)
-    except TypeError as e:
-        fields = sorted(config_cls.__dataclass_fields__)
-        raise ValueError(f"bad config for {kind!r}: {e}; valid fields: {fields}") from e
-    return model_cls(config)
+    unknown = sorted(set(sizes) - set(SIZE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"bad config for {kind!r}: unknown field(s) {unknown}; valid fields: {list(SIZE_KEYS)}"
+        )
+    s = {**SIZE_DEFAULTS, **sizes}
+    if not s["vocab_size"]:
+        raise ValueError(f"{kind} model needs vocab_size > 0 (0 = the tokenizer's: pass that number)")
+    if s["n_head"] < 1:
+        raise ValueError(f"n_head must be >= 1, got {s['n_head']}")
+    if kind == "gpt":
+        fixed = dict(n_kv_head=s["n_head"], head_dim=s["hidden"] // s["n_head"], intermediate=4 * s["hidden"])
+        for name, only in fixed.items():  # GPT-2's shapes follow from hidden and n_head alone
+            if s[name] not in (0, only):
+                raise ValueError(f"gpt takes only {name} = 0 or {only} here, got {s[name]}")
+        if s["qk_norm"]:
+            raise ValueError("gpt has no q/k norm: qk_norm must be false")
+        # rope_theta does not apply: GPT has learned positions
+        return GPTConfig(
+            vocab_size=s["vocab_size"], n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["hidden"],
+            block_size=s["seq_len"], dropout=s["dropout"], tie_embeddings=s["tie_embeddings"],
+            layer_norm_eps=s["norm_eps"],
+        )  # fmt: skip
+    if s["dropout"]:
+        raise ValueError(f"qwen has no dropout: dropout must be 0, got {s['dropout']}")
+    return QwenConfig(
+        vocab_size=s["vocab_size"], hidden_size=s["hidden"],
+        intermediate_size=ffn_size(kind, s["hidden"], s["intermediate"]), num_hidden_layers=s["n_layer"],
+        num_attention_heads=s["n_head"], num_key_value_heads=s["n_kv_head"] or s["n_head"],
+        head_dim=s["head_dim"] or None, rope_theta=s["rope_theta"], rms_norm_eps=s["norm_eps"],
+        max_position_embeddings=s["seq_len"], tie_word_embeddings=s["tie_embeddings"], qk_norm=s["qk_norm"],
+    )  # fmt: skip
+
+
+def build_model(name_or_kind: str, **sizes: Any) -> nn.Module:
+    """Build a model by preset name or kind (``"gpt"``, ``"qwen"``); ``sizes`` (neutral names, see
+    ``model_config``) override the preset's.
+
+    Example: ``build_model("gpt-demo", vocab_size=65)`` or ``build_model("gpt", vocab_size=65, n_layer=2)``.
+    """
+    kind = name_or_kind
+    if name_or_kind in PRESETS:
+        preset = dict(PRESETS[name_or_kind])
+        kind = preset.pop("kind")
+        if sizes.get("kind", kind) != kind:
+            raise ValueError(f"kind={sizes['kind']!r} contradicts preset {name_or_kind!r} (a {kind} preset)")
+        sizes = {**preset, **sizes}
+    sizes.pop("kind", None)
+    config = model_config(kind, **sizes)
+    return _KINDS[kind][0](config)

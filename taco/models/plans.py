@@ -105,9 +105,10 @@ def check_tp_divisible(sizes: Mapping[str, int], tp: int, tp_name: str = "tp") -
         raise ValueError(f"{tp_name} = {tp}: the tensor-parallel size must be >= 1")
     bad = [f"{name} = {n}" for name, n in sizes.items() if n % tp]
     if bad:
+        more = f" (and so must {', '.join(bad[1:])})" if len(bad) > 1 else ""
         raise ValueError(
-            f"{', '.join(bad)} must be divisible by {tp_name} = {tp}: choose a {tp_name} that divides "
-            f"{'it' if len(bad) == 1 else 'each of them'}, or change the size (a vocabulary can be padded)"
+            f"{bad[0]} must be divisible by {tp_name} = {tp}{more}: choose a {tp_name} that divides "
+            "every size it splits, or change the size (a vocabulary can be padded)"
         )
 
 

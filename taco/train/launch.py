@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from taco.parallel import ParallelDims, stage_layers
+from taco.parallel import stage_layers
 from taco.parallel.tags import tp_context
 from taco.train.checkpoint import check_mesh, find_checkpoint
 from taco.train.config import Config, config_to_toml
@@ -83,7 +83,7 @@ def run_rank(cfg: Config, data_dir: Path) -> dict[str, Any]:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     p = cfg.parallel
-    dims = ParallelDims(dp=p.dp, pp=p.pp, tp=p.tp, sp=p.sp).build()
+    dims = cfg.parallel.dims().build()
     log = rank == 0
     # ZeRO-1 (sharded AdamW state over DP): parallel.zero.
     trainer = Trainer(cfg, dims, data_dir, log, zero=p.zero)

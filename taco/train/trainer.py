@@ -38,13 +38,15 @@ from taco.parallel import (
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from taco.train.config import Config, ModelKind
+from taco.train.config import Config
 from taco.train.data import TokenDataset
 
 
 def build_model(cfg: Config, vocab_size: int) -> nn.Module:
     """The full (unsharded) model of `cfg.model`, initialised from `train.seed` or an HF checkpoint."""
-    from taco.models import GPT, GPTConfig, Qwen, QwenConfig, load_hf_checkpoint
+    from taco.models import build_model as build
+    from taco.models import load_hf_checkpoint
+    from taco.models.presets import SIZE_KEYS
 
     m = cfg.model
     if m.init_from:
@@ -56,35 +58,8 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Module:
             )
         return model
     torch.manual_seed(cfg.train.seed)
-    if m.kind == ModelKind.GPT:
-        return GPT(
-            GPTConfig(
-                vocab_size=vocab_size,
-                n_layer=m.n_layer,
-                n_head=m.n_head,
-                n_embd=m.hidden,
-                block_size=m.seq_len,
-                dropout=m.dropout,
-                tie_embeddings=m.tie_embeddings,
-                layer_norm_eps=m.norm_eps,
-            )
-        )
-    return Qwen(
-        QwenConfig(
-            vocab_size=vocab_size,
-            hidden_size=m.hidden,
-            intermediate_size=m.ffn_size,
-            num_hidden_layers=m.n_layer,
-            num_attention_heads=m.n_head,
-            num_key_value_heads=m.kv_heads,
-            head_dim=m.head_size,
-            rope_theta=m.rope_theta,
-            rms_norm_eps=m.norm_eps,
-            max_position_embeddings=m.seq_len,
-            tie_word_embeddings=m.tie_embeddings,
-            qk_norm=m.qk_norm,
-        )
-    )
+    sizes = {key: getattr(m, key) for key in SIZE_KEYS}  # the [model] names are the neutral size names
+    return build(m.kind.value, **{**sizes, "vocab_size": vocab_size})
 
 
 def tp_comm_dtype(cfg: Config) -> torch.dtype | None:

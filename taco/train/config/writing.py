@@ -1,0 +1,92 @@
+"""Writing a run configuration: TOML that `load_config` reads back, and the `--help` text of every key.
+
+Why this file exists: a run directory keeps the resolved config (`config_to_toml`) so that the run
+can be reproduced or resumed from its own folder; each key is written with its doc as a comment
+(the field metadata of schema.py) and every size explicitly, so that a later change of a preset or
+of a default cannot change what the saved file means. A tiny writer instead of a dependency:
+`tomllib` only reads, and the values here are flat tables of scalars, lists and inline tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import textwrap
+import typing
+from typing import Any
+
+from taco.train.config.coerce import type_name
+from taco.train.config.run import _SECTIONS, Config
+from taco.train.config.schema import _Choice, field_docs
+
+
+def _toml_str(text: str) -> str:
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isalnum() or c in "_-" for c in key) else _toml_str(key)
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and math.isnan(value):
+            return "nan"
+        if isinstance(value, float) and math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as TOML")
+
+
+def config_to_toml(cfg: Config, comments: bool = True) -> str:
+    """The resolved config as TOML (every key, one section per table), loadable by `load_config`.
+
+    With `comments`, each key is preceded by its doc (`field_docs`) as a comment. Every model size
+    field is written explicitly, so the preset (kept for the record) changes nothing on reload.
+    """
+    lines = ["# TACO-TP resolved run configuration (taco.train.config.config_to_toml)"]
+    for name, section_cls in _SECTIONS.items():
+        docs = field_docs(section_cls) if comments else {}
+        lines += ["", f"[{name}]"]
+        for key, value in getattr(cfg, name).to_dict().items():
+            lines += textwrap.wrap(docs.get(key, ""), width=100, initial_indent="# ", subsequent_indent="# ")
+            lines.append(f"{_toml_key(key)} = {_toml_literal(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def config_help() -> str:
+    """One line per override (`--section.key  type  [default]  doc`) for the CLI's --help."""
+    lines = []
+    for name, section_cls in _SECTIONS.items():
+        docs = field_docs(section_cls)
+        hints = typing.get_type_hints(section_cls)
+        default = section_cls()
+        lines.append((section_cls.__doc__ or f"[{name}]").strip())
+        for f in dataclasses.fields(section_cls):
+            value = getattr(default, f.name)
+            shown = _toml_literal(value.value if isinstance(value, _Choice) else value)
+            lines.append(f"  --{name}.{f.name}  ({type_name(hints[f.name])}, default {shown})")
+            if docs.get(f.name):
+                lines.append(f"      {docs[f.name]}")
+    return "\n".join(lines)
