@@ -106,7 +106,13 @@ def run_distributed(fn: Callable, world: int, *args: Any, timeout: float = 120.0
     raise AssertionError("unreachable")
 
 
+def assert_close(actual: Any, expected: Any, what: str, **tolerances: Any) -> None:
+    """`torch.testing.assert_close` for rank bodies: a failure starts with `what`, then torch's
+    report (how many elements differ, the largest difference and where), which a plain string
+    `msg=` would replace."""
+    torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tolerances)
+
+
 def assert_equal(actual: Any, expected: Any, what: str) -> None:
-    """Bit-for-bit equality (values, shape, dtype) for rank bodies; a failure starts with `what`,
-    then torch's report: how many elements differ, the largest difference and where."""
-    torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
+    """Bit-for-bit equality (values, shape, dtype), reported as `assert_close` does."""
+    assert_close(actual, expected, what, rtol=0, atol=0)
