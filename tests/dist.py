@@ -75,6 +75,7 @@ def format_failures(errors: dict[int, tuple[str, str, str]], world: int) -> str:
 
 def run_distributed(fn: Callable, world: int, *args: Any, timeout: float = 120.0, retries: int = 3) -> list:
     """Run `fn(rank, world, *args)` on `world` gloo ranks; return the list of results by rank."""
+    __tracebackhide__ = True  # pytest: a failure shows the test's line, then the ranks' report
     for attempt in range(retries):
         with tempfile.TemporaryDirectory() as outdir:
             port = free_port()
