@@ -2,7 +2,7 @@
 
 `parallel_step` is the shared body of the pipeline, data-parallel and 3D tests: one training
 step of a tiny GPT/Qwen on a mesh, returning the per-axis statistics and comparing loss and every
-gradient with the unsharded model on the whole batch.
+gradient with the unsharded model on the whole batch (asserted in the rank, values in the message).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from taco.parallel.data_parallel import (
 )
 from taco.parallel.tags import dp_hook_state
 from taco.train.launch import launch
-from tests.dist import run_distributed
+from tests.dist import assert_close, assert_equal, run_distributed
 from tests.test_train import TEXT, _err, losses, tiny_args
 
 VOCAB, SEQ = 64, 8
@@ -125,12 +125,13 @@ def parallel_step(
             diff2 += (p.grad - exp).square().sum().item()
             ref2 += exp.square().sum().item()
             if tol is not None:
-                torch.testing.assert_close(p.grad, exp, rtol=tol, atol=1e-6, msg=f"{full} on rank {rank}")
+                assert_close(p.grad, exp, f"grad {full}", rtol=tol, atol=1e-6)
             out["checked"] += 1
     out["grad_err"] = math.sqrt(diff2 / ref2)  # relative error of this rank's gradient vector
     out["grad_digest"] = [p.grad.double().sum().item() for p in stage.parameters()]
     if tol is not None:
-        assert math.isclose(out["loss"], out["ref_loss"], rel_tol=1e-5), (out["loss"], out["ref_loss"])
+        got, want = out["loss"], out["ref_loss"]
+        assert math.isclose(got, want, rel_tol=1e-5), f"loss {got!r} vs reference {want!r}: rel_tol 1e-5"
     for a, p in pol.items():
         sent = [s for n, s in p.stats.sites.items() if not n.endswith(".recv")]
         out[f"{a}_wire"] = sum(s.wire_bytes for s in sent)
@@ -138,7 +139,8 @@ def parallel_step(
     st = dp_hook_state(module)
     out["dp_hook_calls"] = st.calls if st is not None else 0
     if zero:  # ZeRO-1 and plain AdamW take the same step
-        params = [p for p in stage.parameters()]
+        names = [n for n, _ in stage.named_parameters()]
+        params = [p for _, p in stage.named_parameters()]
         plain = [p.detach().clone() for p in params]
         twin = [nn.Parameter(p.clone()) for p in plain]
         for t, p in zip(twin, params):
@@ -147,13 +149,14 @@ def parallel_step(
         zopt = build_optimizer([{"params": params, "weight_decay": 0.1}], dims.group("dp"), zero=True, **kw)
         zopt.step()
         build_optimizer([{"params": twin, "weight_decay": 0.1}], None, **kw).step()
-        out["zero_same"] = all(torch.allclose(p, t, rtol=1e-6, atol=1e-7) for p, t in zip(params, twin))
+        for name, p, t in zip(names, params, twin):
+            assert_close(p, t, f"ZeRO-1 vs AdamW, {name}", rtol=1e-6, atol=1e-7)
         again = build_optimizer([{"params": params, "weight_decay": 0.1}], dims.group("dp"), zero=True, **kw)
         load_optimizer_state(again, optimizer_state(zopt))  # a per-rank checkpoint of the shard
         a, b = optimizer_state(zopt)["state"], optimizer_state(again)["state"]
-        out["zero_state_round_trip"] = a.keys() == b.keys() and all(
-            torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a
-        )
+        assert a.keys() == b.keys(), f"ZeRO-1 state round trip: keys {sorted(b)}, saved {sorted(a)}"
+        for i in a:
+            assert_equal(b[i]["exp_avg"], a[i]["exp_avg"], f"ZeRO-1 state round trip: exp_avg of {i}")
     return out
 
 

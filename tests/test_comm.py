@@ -1,8 +1,9 @@
 """taco.comm: compressed collectives against torch.distributed and against the codec itself.
 
-Every multi-rank body runs in gloo ranks spawned by tests/dist.py and returns plain values;
-the assertions run in the parent. Inputs are generated from a seed, so every rank can rebuild
-every other rank's tensor and the exact (fp64) reference.
+Every multi-rank body runs in gloo ranks spawned by tests/dist.py and asserts there, with the
+values in the message (pytest does not rewrite asserts in the ranks); `run_distributed` raises
+with the failing rank and its message first. Inputs are generated from a seed, so every rank can
+rebuild every other rank's tensor and the exact (fp64) reference.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.distributed as dist
 import taco
 import taco.comm as tc
 from taco.codec import sqnr_db
-from tests.dist import run_distributed
+from tests.dist import assert_equal, run_distributed
 
 TACO = taco.get_codec("taco")
 
@@ -34,61 +35,74 @@ def _exact_sum(xs: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([x.double() for x in xs]).sum(0)
 
 
+def _same_on_every_rank(y: torch.Tensor, what: str) -> None:
+    """Every rank holds the same `y`, bit for bit (they decode the same bytes)."""
+    ys = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+    dist.all_gather(ys, y.contiguous())
+    for r, other in enumerate(ys):
+        assert_equal(other, y, f"{what}: rank {r}'s result vs this rank's")
+
+
+def _assert_shape(t: torch.Tensor, want: tuple[int, ...], what: str) -> None:
+    assert tuple(t.shape) == want, f"{what}: shape {tuple(t.shape)}, expected {want}"
+
+
+def _assert_sqnr(sqnr: float, floor: float, what: str) -> None:
+    assert sqnr >= floor, f"{what}: SQNR {sqnr:.3f} dB < {floor:.3f} dB"
+
+
 # -- codec none is the plain collective, bit for bit ------------------------------------------------
-def _none_body(rank: int, world: int) -> list[tuple[str, bool]]:
+def _none_body(rank: int, world: int) -> None:
     xs = _inputs(world, (8, 12))
     x = xs[rank]
-    out = []
     for codec in (None, "none"):
         ref = x.clone()
         dist.all_reduce(ref)
-        out.append((f"all_reduce {codec}", torch.equal(tc.all_reduce(x, codec=codec), ref)))
+        assert_equal(tc.all_reduce(x, codec=codec), ref, f"all_reduce codec={codec!r}")
     ref = x.t().contiguous()
     dist.all_reduce(ref)
-    out.append(("all_reduce non-contiguous", torch.equal(tc.all_reduce(x.t(), codec=None), ref)))
+    assert_equal(tc.all_reduce(x.t(), codec=None), ref, "all_reduce non-contiguous")
     h = tc.all_reduce(x, codec=None, async_op=True)
     ref = x.clone()
     dist.all_reduce(ref)
-    out.append(("all_reduce async", torch.equal(h.wait(), ref)))
+    assert_equal(h.wait(), ref, "all_reduce async")
     for d in (0, 1):
         parts = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(parts, x)
-        out.append(
-            (f"all_gather dim {d}", torch.equal(tc.all_gather(x, codec=None, dim=d), torch.cat(parts, d)))
-        )
+        assert_equal(tc.all_gather(x, codec=None, dim=d), torch.cat(parts, d), f"all_gather dim {d}")
     ref = torch.empty(8 // world, 12, dtype=x.dtype)
     dist.reduce_scatter_tensor(ref, x)
-    out.append(("reduce_scatter dim 0", torch.equal(tc.reduce_scatter(x, codec=None), ref)))
+    assert_equal(tc.reduce_scatter(x, codec=None), ref, "reduce_scatter dim 0")
     xi = (x * 8).round().float()  # integer values: exact sums in any order
     ref = torch.empty(8, 12 // world)
     dist.reduce_scatter(ref, [p.contiguous() for p in xi.chunk(world, 1)])
-    out.append(("reduce_scatter dim 1", torch.equal(tc.reduce_scatter(xi, codec="none", dim=1), ref)))
+    assert_equal(tc.reduce_scatter(xi, codec="none", dim=1), ref, "reduce_scatter dim 1")
     n = torch.arange(6) * (rank + 1)
     ref = n.clone()
     dist.all_reduce(ref)
-    out.append(("all_reduce int64", torch.equal(tc.all_reduce(n, codec=None), ref)))
+    assert_equal(tc.all_reduce(n, codec=None), ref, "all_reduce int64")
     if rank == 0:
         tc.send(x, 1, codec=None)
     elif rank == 1:
-        out.append(("send/recv", torch.equal(tc.recv(x, 0, codec=None), xs[0])))
-    out.append(("input untouched", torch.equal(x, _inputs(world, (8, 12))[rank])))
-    return out
+        assert_equal(tc.recv(x, 0, codec=None), xs[0], "send/recv")
+    assert_equal(x, _inputs(world, (8, 12))[rank], "input untouched")
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_codec_none_is_bit_identical_to_torch_distributed(world):
-    for rank_result in run_distributed(_none_body, world):
-        bad = [name for name, ok in rank_result if not ok]
-        assert not bad, bad
+    run_distributed(_none_body, world)
 
 
 # -- taco all-reduce: error bound, identical results ------------------------------------------------
-def _sqnr_body(rank: int, world: int, numel: int, dtype: torch.dtype) -> tuple[float, float, torch.Tensor]:
+def _sqnr_body(rank: int, world: int, numel: int, dtype: torch.dtype) -> None:
     xs = _inputs(world, (numel,), dtype)
     ref = _exact_sum(xs)
     y = tc.all_reduce(xs[rank])
-    assert y.dtype == dtype and y.shape == xs[rank].shape
-    return sqnr_db(ref, y), sqnr_db(ref, TACO.roundtrip(ref.float())), y
+    got, sent = (y.dtype, tuple(y.shape)), (dtype, tuple(xs[rank].shape))
+    assert got == sent, f"all_reduce taco: returned (dtype, shape) {got}, sent {sent}"
+    single = sqnr_db(ref, TACO.roundtrip(ref.float()))
+    _assert_sqnr(sqnr_db(ref, y), single - 3.5, "all_reduce taco vs exact sum (floor: single pass - 3.5 dB)")
+    _same_on_every_rank(y, "all_reduce taco")
 
 
 @pytest.mark.parametrize(
@@ -96,74 +110,63 @@ def _sqnr_body(rank: int, world: int, numel: int, dtype: torch.dtype) -> tuple[f
     [(2, 64 * 128 + 77), (4, 32 * 128 + 5), pytest.param(8, 16 * 128 + 3, marks=pytest.mark.slow)],
 )
 def test_taco_all_reduce_sqnr_within_3_5_db_of_single_pass(world, numel):
-    res = run_distributed(_sqnr_body, world, numel, torch.bfloat16)
-    for sqnr, single, y in res:
-        assert sqnr >= single - 3.5, (sqnr, single)
-        assert torch.equal(y, res[0][2])  # every rank decodes the same bytes
+    run_distributed(_sqnr_body, world, numel, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_taco_all_reduce_other_dtypes(dtype):
-    res = run_distributed(_sqnr_body, 2, 3000, dtype)
-    for sqnr, single, y in res:
-        assert sqnr >= single - 3.5 and torch.equal(y, res[0][2])
+    run_distributed(_sqnr_body, 2, 3000, dtype)
 
 
 # -- all-gather and reduce-scatter: within the codec's own error ------------------------------------
-def _ag_rs_body(rank: int, world: int) -> dict:
+def _ag_rs_body(rank: int, world: int) -> None:
     xs = _inputs(world, (4 * world, 96))
     x = xs[rank]
-    res = {}
     for d in (0, 1):
         y = tc.all_gather(x, dim=d)
-        res[f"ag{d}"] = y
-        res[f"ag{d}_exact"] = torch.equal(y, torch.cat([TACO.roundtrip(t) for t in xs], d))
+        assert_equal(
+            y, torch.cat([TACO.roundtrip(t) for t in xs], d), f"all_gather dim {d} vs codec round trips"
+        )
+        _same_on_every_rank(y, f"all_gather dim {d}")
     ref = _exact_sum(xs)
     for d in (0, 1):
         piece = ref.chunk(world, d)[rank]
         y = tc.reduce_scatter(x, dim=d)
-        res[f"rs{d}_shape"] = tuple(y.shape) == tuple(piece.shape) and y.dtype == x.dtype
-        res[f"rs{d}"] = (sqnr_db(piece, y), sqnr_db(piece, TACO.roundtrip(piece.float())))
-    return res
+        got, want = (tuple(y.shape), y.dtype), (tuple(piece.shape), x.dtype)
+        assert got == want, f"reduce_scatter dim {d}: (shape, dtype) {got}, expected {want}"
+        single = sqnr_db(piece, TACO.roundtrip(piece.float()))
+        _assert_sqnr(sqnr_db(piece, y), single - 0.5, f"reduce_scatter dim {d} (floor: single pass - 0.5 dB)")
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_all_gather_and_reduce_scatter_within_codec_error(world):
-    res = run_distributed(_ag_rs_body, world)
-    for r in res:
-        assert r["ag0_exact"] and r["ag1_exact"]
-        assert torch.equal(r["ag0"], res[0]["ag0"]) and torch.equal(r["ag1"], res[0]["ag1"])
-        for d in (0, 1):
-            sqnr, single = r[f"rs{d}"]
-            assert r[f"rs{d}_shape"] and sqnr >= single - 0.5, (sqnr, single)
+    run_distributed(_ag_rs_body, world)
 
 
 # -- odd shapes, empty tensors, layouts, fallbacks ---------------------------------------------------
-def _shapes_body(rank: int, world: int) -> list[tuple[str, bool]]:
-    out = []
+def _shapes_body(rank: int, world: int) -> None:
     for numel in (1, 3, 127, 129, 4 * 128 + 5, 1000):
         xs = _inputs(world, (numel,), seed=numel)
         y = tc.all_reduce(xs[rank])
-        ys = [torch.empty_like(y) for _ in range(world)]
-        dist.all_gather(ys, y)
-        ok = all(torch.equal(t, y) for t in ys) and sqnr_db(_exact_sum(xs), y) > 25
-        out.append((f"ragged {numel}", ok))
+        _same_on_every_rank(y, f"ragged {numel}")
+        sqnr = sqnr_db(_exact_sum(xs), y)
+        assert sqnr > 25, f"ragged {numel}: SQNR {sqnr:.3f} dB <= 25 dB"
     e = torch.empty(0, 5, dtype=torch.bfloat16)
-    out.append(("empty all_reduce", tc.all_reduce(e).shape == (0, 5)))
-    out.append(("empty all_gather", tc.all_gather(e, dim=1).shape == (0, 5 * world)))
-    out.append(("empty reduce_scatter", tc.reduce_scatter(e).shape == (0, 5)))
-    out.append(("empty async", tc.all_reduce(e, async_op=True).wait().shape == (0, 5)))
+    _assert_shape(tc.all_reduce(e), (0, 5), "empty all_reduce")
+    _assert_shape(tc.all_gather(e, dim=1), (0, 5 * world), "empty all_gather")
+    _assert_shape(tc.reduce_scatter(e), (0, 5), "empty reduce_scatter")
+    _assert_shape(tc.all_reduce(e, async_op=True).wait(), (0, 5), "empty async")
     base = _inputs(world, (16 * world, 64 * world), seed=7)[rank]
     for name, x in (("transposed", base.t()), ("strided", base[:, ::2]), ("narrowed", base[1:5])):
         c = x.contiguous()
-        out.append((f"{name} all_reduce", torch.equal(tc.all_reduce(x), tc.all_reduce(c))))
-        out.append((f"{name} all_gather", torch.equal(tc.all_gather(x, dim=1), tc.all_gather(c, dim=1))))
+        assert_equal(tc.all_reduce(x), tc.all_reduce(c), f"{name} all_reduce vs contiguous")
+        assert_equal(tc.all_gather(x, dim=1), tc.all_gather(c, dim=1), f"{name} all_gather vs contiguous")
         if x.shape[0] % world == 0:
-            same = torch.equal(tc.reduce_scatter(x), tc.reduce_scatter(c))
-            out.append((f"{name} reduce_scatter", same))
+            assert_equal(tc.reduce_scatter(x), tc.reduce_scatter(c), f"{name} reduce_scatter vs contiguous")
     scalar = torch.tensor(float(rank + 1))
     total = world * (world + 1) / 2
-    out.append(("0-d all_reduce", abs(tc.all_reduce(scalar).item() - total) < 0.05 * total))
+    got = tc.all_reduce(scalar).item()
+    assert abs(got - total) < 0.05 * total, f"0-d all_reduce: {got}, expected {total} within 5%"
     # float64 cannot be encoded: plain collective, one log line per (site, reason), a counter
     seen: list[str] = []
     handler = logging.Handler()
@@ -173,25 +176,25 @@ def _shapes_body(rank: int, world: int) -> list[tuple[str, bool]]:
     x64 = torch.randn(10, dtype=torch.float64) + rank
     ref = x64.clone()
     dist.all_reduce(ref)
-    same = [torch.equal(tc.all_reduce(x64, site="f64", policy=policy), ref) for _ in range(3)]
-    out.append(("float64 plain", all(same) and policy.stats["f64"].fallbacks == 3))
-    out.append(("one log line", len(seen) == 1 and "float64" in seen[0]))
+    for i in range(3):
+        assert_equal(tc.all_reduce(x64, site="f64", policy=policy), ref, f"float64 plain, call {i}")
+    fallbacks = policy.stats["f64"].fallbacks
+    assert fallbacks == 3, f"float64 plain: {fallbacks} fallbacks counted, expected 3"
+    assert len(seen) == 1 and "float64" in seen[0], f"expected one log line about float64, got {seen}"
     sparse = torch.sparse_coo_tensor([[rank, 3]], [1.0, 2.0], (5,))
     ref = sparse.clone()
     dist.all_reduce(ref)
     y = tc.all_reduce(sparse, site="sparse", policy=policy)
-    out.append(("sparse plain", torch.equal(y.to_dense(), ref.to_dense()) and "sparse" in seen[-1]))
-    return out
+    assert_equal(y.to_dense(), ref.to_dense(), "sparse plain")
+    assert "sparse" in seen[-1], f"sparse plain: last log line {seen[-1]!r} does not say 'sparse'"
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ragged_empty_noncontiguous_and_fallback(world):
-    for rank_result in run_distributed(_shapes_body, world):
-        bad = [name for name, ok in rank_result if not ok]
-        assert not bad, bad
+    run_distributed(_shapes_body, world)
 
 
-def _nan_body(rank: int, world: int) -> dict:
+def _nan_body(rank: int, world: int) -> None:
     x = _inputs(world, (1024,))[rank]
     if rank == 1:
         x[300] = float("nan")
@@ -199,77 +202,88 @@ def _nan_body(rank: int, world: int) -> dict:
     y = tc.all_reduce(x, site="ar", policy=policy)
     g = tc.all_gather(x, site="ag", policy=policy)
     s = tc.reduce_scatter(x, site="rs", policy=policy)
-    return {
-        "ar": torch.isfinite(y).view(-1, 128).all(1).tolist(),
-        "ag": torch.isfinite(g).view(-1, 128).all(1).tolist(),
-        "rs": torch.isfinite(s).view(-1, 128).all(1).tolist(),
-        "counts": [policy.stats[k].nonfinite for k in ("ar", "ag", "rs")],
-    }
+    finite = [i != 2 for i in range(8)]  # element 300 lies in group 2 of 128
+    for what, t, want in (
+        ("all_reduce", y, finite),
+        ("all_gather", g, [True] * 8 + finite),
+        ("reduce_scatter", s, finite[4:] if rank else finite[:4]),  # only rank 0 owns group 2
+    ):
+        got = torch.isfinite(t).view(-1, 128).all(1).tolist()
+        assert got == want, f"{what}: finite groups of 128 {got}, expected {want}"
+    counts = [policy.stats[k].nonfinite for k in ("ar", "ag", "rs")]
+    want = [1, 1, 1] if rank == 0 else [1, 1, 0]
+    assert counts == want, f"non-finite counts (ar, ag, rs) {counts}, expected {want}"
 
 
 def test_nan_on_one_rank_is_non_finite_on_all_ranks():
-    res = run_distributed(_nan_body, 2)
-    bad_group = [i != 2 for i in range(8)]  # element 300 lies in group 2 of 128
-    for rank, r in enumerate(res):
-        assert r["ar"] == bad_group
-        assert r["ag"] == [True] * 8 + bad_group
-        assert r["rs"] == (bad_group[4:] if rank else bad_group[:4])  # only rank 0 owns group 2
-        assert r["counts"] == ([1, 1, 1] if rank == 0 else [1, 1, 0])
+    run_distributed(_nan_body, 2)
 
 
 # -- async handles and slicing ----------------------------------------------------------------------
-def _async_slices_body(rank: int, world: int) -> list[tuple[str, bool]]:
+def _async_slices_body(rank: int, world: int) -> None:
     xs = _inputs(world, (24, 200), seed=3)
     x = xs[rank]
-    out = []
     sync = tc.all_reduce(x)
     h1 = tc.all_reduce(x, async_op=True)
     h2 = tc.all_gather(x, async_op=True)
     h3 = tc.reduce_scatter(x, async_op=True)
-    out.append(("handle pending", not h1.is_completed()))
-    out.append(("async all_reduce", torch.equal(h1.wait(), sync) and h1.is_completed()))
-    out.append(("async all_gather", torch.equal(h2.wait(), tc.all_gather(x))))
-    out.append(("async reduce_scatter", torch.equal(h3.wait(), tc.reduce_scatter(x))))
-    out.append(("wait twice", h1.wait() is h1.wait()))
+    assert not h1.is_completed(), "handle pending: is_completed() before wait()"
+    assert_equal(h1.wait(), sync, "async all_reduce vs sync")
+    assert h1.is_completed(), "async all_reduce: not is_completed() after wait()"
+    assert_equal(h2.wait(), tc.all_gather(x), "async all_gather vs sync")
+    assert_equal(h3.wait(), tc.reduce_scatter(x), "async reduce_scatter vs sync")
+    assert h1.wait() is h1.wait(), "wait twice: two different tensors"
     for k in (2, 3, 7, 1000):
         policy = tc.CommPolicy()
         a = tc.all_reduce(x, site="a", policy=policy)
         b = tc.all_reduce(x, site="b", policy=policy, slices=k)
-        same_bytes = policy.stats["a"].wire_bytes == policy.stats["b"].wire_bytes
-        out.append((f"slices={k}", torch.equal(a, b) and same_bytes))
+        assert_equal(a, b, f"slices={k} vs unsliced")
+        wire = (policy.stats["a"].wire_bytes, policy.stats["b"].wire_bytes)
+        assert wire[0] == wire[1], f"slices={k}: wire bytes {wire[1]} sliced, {wire[0]} unsliced"
     big = _inputs(world, (5 << 19,), seed=4)[rank]  # 2.5 MiB of bf16: sliced in 2 by default
-    out.append(("default slicing", torch.equal(tc.all_reduce(big), tc.all_reduce(big, slices=1))))
+    assert_equal(tc.all_reduce(big), tc.all_reduce(big, slices=1), "default slicing vs slices=1")
     hs = [tc.all_reduce(x, slices=3, async_op=True), tc.all_reduce(x * 2, async_op=True)]
-    out.append(
-        ("two in flight", torch.equal(hs[0].wait(), sync) and torch.equal(hs[1].wait(), tc.all_reduce(x * 2)))
-    )
-    return out
+    assert_equal(hs[0].wait(), sync, "two in flight: the first (slices=3)")
+    assert_equal(hs[1].wait(), tc.all_reduce(x * 2), "two in flight: the second")
 
 
 def test_async_handles_and_slices_match_sync_unsliced():
-    for rank_result in run_distributed(_async_slices_body, 2):
-        bad = [name for name, ok in rank_result if not ok]
-        assert not bad, bad
+    run_distributed(_async_slices_body, 2)
 
 
 # -- policy, statistics, buffers ---------------------------------------------------------------------
-def _policy_body(rank: int, world: int) -> dict:
+def _policy_bytes(world: int) -> dict[str, int]:
+    """Exact bytes the policy test moves: n bf16 elements, every chunk a whole number of groups."""
     n = world * 128 * 8
+    c128 = taco.get_codec("taco")
+    return {
+        "n": n,
+        "raw_ar": 2 * (world - 1) * 2 * n // world,
+        "wire_ar": 2 * (world - 1) * c128.nbytes(n // world),
+        "wire_ar_64": 2 * (world - 1) * taco.get_codec("taco", group_size=64).nbytes(n // world),
+    }
+
+
+def _policy_body(rank: int, world: int) -> None:
+    b = _policy_bytes(world)
+    n, raw_ar, wire_ar = b["n"], b["raw_ar"], b["wire_ar"]
+    c128 = taco.get_codec("taco")
     x = _inputs(world, (n,), seed=5)[rank]
     policy = tc.CommPolicy(overrides={"layers.*.mlp.down.fwd": "none"}, min_bytes=4096)
-    res = {"rank": rank}
     ref = x.clone()
     dist.all_reduce(ref)
-    res["override plain"] = torch.equal(tc.all_reduce(x, site="layers.3.mlp.down.fwd", policy=policy), ref)
-    res["default taco"] = torch.equal(
-        tc.all_reduce(x, site="layers.3.attn.out.fwd", policy=policy), tc.all_reduce(x)
+    assert_equal(tc.all_reduce(x, site="layers.3.mlp.down.fwd", policy=policy), ref, "override plain")
+    assert_equal(
+        tc.all_reduce(x, site="layers.3.attn.out.fwd", policy=policy), tc.all_reduce(x), "default taco"
     )
     small = x[:100]
     ref = small.clone()
     dist.all_reduce(ref)
-    res["min_bytes plain"] = torch.equal(tc.all_reduce(small, site="tiny", policy=policy), ref)
-    res["explicit codec wins"] = torch.equal(
-        tc.all_reduce(small, codec="taco", site="tiny", policy=policy), tc.all_reduce(small)
+    assert_equal(tc.all_reduce(small, site="tiny", policy=policy), ref, "min_bytes plain")
+    assert_equal(
+        tc.all_reduce(small, codec="taco", site="tiny", policy=policy),
+        tc.all_reduce(small),
+        "explicit codec wins",
     )
     for _ in range(2):
         tc.all_gather(x, site="ag", policy=policy)
@@ -277,53 +291,39 @@ def _policy_body(rank: int, world: int) -> dict:
     allocated = policy.buffers.allocated_bytes
     tc.all_reduce(x, site="layers.3.attn.out.fwd", policy=policy)
     tc.all_gather(x, site="ag", policy=policy)
-    res["no new buffers"] = policy.buffers.allocated_bytes == allocated
+    now = policy.buffers.allocated_bytes
+    assert now == allocated, f"no new buffers: {now} bytes allocated after repeats, {allocated} before"
     other = tc.CommPolicy(codec="taco(group_size=64)")
     tc.all_reduce(x, site="layers.3.attn.out.fwd", policy=other)
-    res["stats"] = {
-        k: (s.calls, s.raw_bytes, s.wire_bytes, s.fallbacks) for k, s in policy.stats.sites.items()
-    }
-    res["other"] = {k: (s.calls, s.raw_bytes, s.wire_bytes) for k, s in other.stats.sites.items()}
-    res["summary"] = policy.stats.summary()
+    stats = {k: (s.calls, s.raw_bytes, s.wire_bytes, s.fallbacks) for k, s in policy.stats.sites.items()}
+    # 100 elements: rank 0 owns the only chunk; the others send it to rank 0, then every
+    # rank all-gathers one (padded) chunk
+    raw_small = 2 * (world - 1) * 200 // world
+    wire_small = raw_small + (c128.nbytes(100) if rank else 0) + (world - 1) * c128.nbytes(100)
+    for site, want in (
+        ("layers.3.mlp.down.fwd", (1, raw_ar, raw_ar, 0)),
+        ("layers.3.attn.out.fwd", (2, 2 * raw_ar, 2 * wire_ar, 0)),
+        ("tiny", (2, 2 * raw_small, wire_small, 0)),
+        ("ag", (3, 3 * (world - 1) * 2 * n, 3 * (world - 1) * c128.nbytes(n), 0)),
+        ("rs", (2, 2 * (world - 1) * 2 * n // world, 2 * (world - 1) * c128.nbytes(n // world), 0)),
+    ):
+        got = stats.get(site)
+        assert got == want, f"stats[{site!r}] (calls, raw, wire, fallbacks): {got}, expected {want}"
+    got_other = {k: (s.calls, s.raw_bytes, s.wire_bytes) for k, s in other.stats.sites.items()}
+    want_other = {"layers.3.attn.out.fwd": (1, raw_ar, b["wire_ar_64"])}
+    assert got_other == want_other, f"taco(group_size=64) stats: {got_other}, expected {want_other}"
+    summary = policy.stats.summary()
+    assert "layers.3.attn.out.fwd" in summary, f"summary lacks layers.3.attn.out.fwd:\n{summary}"
     policy.stats.reset()
-    res["reset"] = len(policy.stats.sites) == 0
-    return res
+    assert len(policy.stats.sites) == 0, f"reset left sites {list(policy.stats.sites)}"
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_policy_overrides_min_bytes_and_exact_byte_counts(world):
-    n = world * 128 * 8  # bf16 elements: every chunk a whole number of groups
-    c128, c64 = taco.get_codec("taco"), taco.get_codec("taco", group_size=64)
-    raw_ar = 2 * (world - 1) * 2 * n // world
-    wire_ar = 2 * (world - 1) * c128.nbytes(n // world)
-    assert wire_ar == 2 * (world - 1) * c128.nbytes(n) // world
-    assert wire_ar * 1.88 <= raw_ar  # taco G=128 on bf16 moves <= 1/1.88 of the plain bytes
-    for r in run_distributed(_policy_body, world):
-        stats = r["stats"]
-        for key in (
-            "override plain",
-            "default taco",
-            "min_bytes plain",
-            "explicit codec wins",
-            "no new buffers",
-        ):
-            assert r[key], key
-        assert stats["layers.3.mlp.down.fwd"] == (1, raw_ar, raw_ar, 0)
-        assert stats["layers.3.attn.out.fwd"] == (2, 2 * raw_ar, 2 * wire_ar, 0)
-        # 100 elements: rank 0 owns the only chunk; the others send it to rank 0, then every
-        # rank all-gathers one (padded) chunk
-        raw_small = 2 * (world - 1) * 200 // world
-        wire_small = raw_small + (c128.nbytes(100) if r["rank"] else 0) + (world - 1) * c128.nbytes(100)
-        assert stats["tiny"] == (2, 2 * raw_small, wire_small, 0)
-        assert stats["ag"] == (3, 3 * (world - 1) * 2 * n, 3 * (world - 1) * c128.nbytes(n), 0)
-        assert stats["rs"] == (
-            2,
-            2 * (world - 1) * 2 * n // world,
-            2 * (world - 1) * c128.nbytes(n // world),
-            0,
-        )
-        assert r["other"] == {"layers.3.attn.out.fwd": (1, raw_ar, 2 * (world - 1) * c64.nbytes(n // world))}
-        assert "layers.3.attn.out.fwd" in r["summary"] and r["reset"]
+    b = _policy_bytes(world)
+    assert b["wire_ar"] == 2 * (world - 1) * taco.get_codec("taco").nbytes(b["n"]) // world
+    assert b["wire_ar"] * 1.88 <= b["raw_ar"]  # taco G=128 on bf16 moves <= 1/1.88 of the plain bytes
+    run_distributed(_policy_body, world)
 
 
 def test_policy_codec_for_without_distributed():
@@ -359,38 +359,42 @@ def test_argument_errors_without_distributed():
 
 
 # -- errors, groups, point-to-point ------------------------------------------------------------------
-def _errors_body(rank: int, world: int) -> list[str]:
-    msgs = []
-    for fn in (
-        lambda: tc.reduce_scatter(torch.randn(3, 4)),
-        lambda: tc.all_reduce(torch.randn(10 + rank)),
-        lambda: tc.all_gather(torch.randn(2, 3 + rank)),
-        lambda: tc.all_reduce(torch.randn(10), slices=2 + rank),
-        lambda: tc.all_reduce(torch.randn(10), codec="taco" if rank else "fp8-group"),
-        lambda: tc.all_gather(torch.randn(4), dim=1),
+def _errors_body(rank: int, world: int) -> None:
+    for what, fn, want in (
+        (
+            "reduce_scatter of 3 rows",
+            lambda: tc.reduce_scatter(torch.randn(3, 4)),
+            "not divisible by the group size 2",
+        ),
+        ("all_reduce numel", lambda: tc.all_reduce(torch.randn(10 + rank)), "ranks disagree"),
+        ("all_gather shape", lambda: tc.all_gather(torch.randn(2, 3 + rank)), "ranks disagree"),
+        ("all_reduce slices", lambda: tc.all_reduce(torch.randn(10), slices=2 + rank), "ranks disagree"),
+        (
+            "all_reduce codec",
+            lambda: tc.all_reduce(torch.randn(10), codec="taco" if rank else "fp8-group"),
+            "ranks disagree",
+        ),
+        ("all_gather dim 1 of 1-d", lambda: tc.all_gather(torch.randn(4), dim=1), "out of range"),
     ):
         try:
             fn()
-            msgs.append("no error")
         except ValueError as e:
-            msgs.append(str(e))
-    return msgs
+            assert want in str(e), f"{what}: ValueError {str(e)!r} does not say {want!r}"
+        else:
+            raise AssertionError(f"{what}: no ValueError (expected one saying {want!r})")
 
 
 def test_mismatches_across_ranks_raise_value_error_on_every_rank():
-    for msgs in run_distributed(_errors_body, 2):
-        assert "not divisible by the group size 2" in msgs[0]
-        assert all("ranks disagree" in m for m in msgs[1:5]), msgs
-        assert "out of range" in msgs[5]
+    run_distributed(_errors_body, 2)
 
 
-def _groups_p2p_body(rank: int, world: int) -> list[tuple[str, bool]]:
-    out = []
+def _groups_p2p_body(rank: int, world: int) -> None:
     singles = [dist.new_group([r]) for r in range(world)]
     x = _inputs(world, (6, 128))[rank]
     for op in (tc.all_reduce, tc.all_gather, tc.reduce_scatter):
         y = op(x, group=singles[rank])
-        out.append((f"{op.__name__} group of one", torch.equal(y, x) and y.data_ptr() != x.data_ptr()))
+        assert_equal(y, x, f"{op.__name__} group of one")
+        assert y.data_ptr() != x.data_ptr(), f"{op.__name__} group of one: returned its input's storage"
     pair = dist.new_group([1, 3])  # global ranks 1 and 3; p2p names global ranks
     xs = _inputs(world, (6, 128), dtype=torch.float16, seed=9)
     if rank == 1:
@@ -398,31 +402,32 @@ def _groups_p2p_body(rank: int, world: int) -> list[tuple[str, bool]]:
         tc.send(xs[1].t(), 3, group=pair, codec="int8-hadamard")
     elif rank == 3:
         got = tc.recv(xs[3], 1, group=pair)
-        out.append(("recv taco", torch.equal(got, TACO.roundtrip(xs[1])) and got.dtype == torch.float16))
+        assert got.dtype == torch.float16, f"recv taco: dtype {got.dtype}, expected torch.float16"
+        assert_equal(got, TACO.roundtrip(xs[1]), "recv taco vs the sender's round trip")
         like = xs[3].t()
         got = tc.recv(like, 1, group=pair, codec="int8-hadamard")
-        ok = torch.equal(got, taco.get_codec("int8-hadamard").roundtrip(xs[1].t().contiguous()))
-        out.append(("recv int8-hadamard, transposed", ok and got.shape == like.shape))
+        _assert_shape(got, tuple(like.shape), "recv int8-hadamard, transposed")
+        want = taco.get_codec("int8-hadamard").roundtrip(xs[1].t().contiguous())
+        assert_equal(got, want, "recv int8-hadamard, transposed, vs the sender's round trip")
     if rank in (1, 3):
         y = tc.all_reduce(xs[rank], group=pair)
-        out.append(("subgroup all_reduce", sqnr_db(xs[1].double() + xs[3].double(), y) > 25))
+        sqnr = sqnr_db(xs[1].double() + xs[3].double(), y)
+        assert sqnr > 25, f"subgroup all_reduce: SQNR {sqnr:.3f} dB <= 25 dB"
     if rank == 0:
         tc.send(torch.randn(7), 2)
         tc.send(torch.randn(4), 2)
     elif rank == 2:
         try:
             tc.recv(torch.empty(8), 0)
-            out.append(("mismatch detected", False))
         except ValueError as e:
-            out.append(("mismatch detected", "sender sent 7 elements" in str(e)))
-        out.append(("channel still usable", tc.recv(torch.empty(4), 0).shape == (4,)))
-    return out
+            assert "sender sent 7 elements" in str(e), f"mismatch detected: ValueError {str(e)!r}"
+        else:
+            raise AssertionError("mismatch detected: recv of 8 elements from a send of 7 did not raise")
+        _assert_shape(tc.recv(torch.empty(4), 0), (4,), "channel still usable")
 
 
 def test_group_of_one_subgroups_and_send_recv():
-    for rank_result in run_distributed(_groups_p2p_body, 4):
-        bad = [name for name, ok in rank_result if not ok]
-        assert not bad, bad
+    run_distributed(_groups_p2p_body, 4)
 
 
 # -- the benchmark and the capped network namespace ---------------------------------------------------

@@ -23,8 +23,7 @@ def _dp2(rank: int, world: int) -> list[dict]:
 def test_ddp_plain_and_compressed_hooks_match_the_reference():
     res = run_distributed(_dp2, 2)
     for plain, int8, int4 in res:
-        assert plain["checked"] > 0 and plain["zero_same"]  # matched the reference; ZeRO == AdamW
-        assert plain["zero_state_round_trip"]
+        assert plain["checked"] > 0  # matched the reference (ZeRO == AdamW: asserted in the rank)
         assert plain["dp_hook_calls"] == 0  # codec none: DDP's own all-reduce
         assert int8["dp_hook_calls"] == 1  # one bucket, synced in the last of 4 backwards only
         for run, err, ratio in ((int8, 0.02, 0.3), (int4, 0.2, 0.15)):

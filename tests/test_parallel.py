@@ -19,7 +19,7 @@ from taco.parallel import (
     sync_tp_partial_grads,
     vocab_parallel_cross_entropy,
 )
-from tests.dist import run_distributed
+from tests.dist import assert_close, run_distributed
 
 
 def tiny_gpt():
@@ -66,9 +66,9 @@ def _model_parity(rank, world, kind, sp):
     ref_logits = ref(idx)
     ref_loss = nn.functional.cross_entropy(ref_logits.flatten(0, 1), tgt.flatten())
     ref_loss.backward()
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(
-        gather_logits(logits.detach(), dims.group("tp")), ref_logits.detach(), rtol=1e-5, atol=1e-5
+    assert_close(loss, ref_loss, "loss", rtol=1e-5, atol=1e-6)
+    assert_close(
+        gather_logits(logits.detach(), dims.group("tp")), ref_logits.detach(), "logits", rtol=1e-5, atol=1e-5
     )
     ref_params = dict(ref.named_parameters())
     checked = 0
@@ -78,17 +78,16 @@ def _model_parity(rank, world, kind, sp):
             if full == "lm_head.weight" and full not in ref_params:
                 continue
             exp = _ref_slice(ref_params[full].grad, mod, pname, world, rank)
-            torch.testing.assert_close(p.grad, exp, rtol=1e-4, atol=1e-6, msg=full)
+            assert_close(p.grad, exp, f"grad {full}", rtol=1e-4, atol=1e-6)
             checked += 1
-    return checked
+    assert checked > 10, f"only {checked} gradients compared with the reference, expected more than 10"
 
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen", "qwen3"])
 @pytest.mark.parametrize("sp", [False, True])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_model_matches_unsharded_reference(kind, sp, tp):
-    checked = run_distributed(_model_parity, tp, kind, sp)
-    assert min(checked) > 10
+    run_distributed(_model_parity, tp, kind, sp)
 
 
 def test_tp1_is_the_plain_model():
@@ -118,21 +117,20 @@ def _layer_parity(rank, world, sp):
     if sp:
         dist.all_reduce(row.bias.grad)  # partial with SP
         full = gather_from_sequence_parallel_region(y.detach(), ctx, "out")
-        torch.testing.assert_close(y, ref_y.chunk(world, 1)[rank])
+        assert_close(y, ref_y.chunk(world, 1)[rank], "output, this rank's sequence slice")
     else:
         full = y
-    torch.testing.assert_close(full, ref_y)
-    torch.testing.assert_close(xs.grad, x.grad)
-    torch.testing.assert_close(col.weight.grad, up.weight.grad.chunk(world, 0)[rank])
-    torch.testing.assert_close(col.bias.grad, up.bias.grad.chunk(world, 0)[rank])
-    torch.testing.assert_close(row.weight.grad, down.weight.grad.chunk(world, 1)[rank])
-    torch.testing.assert_close(row.bias.grad, down.bias.grad)
-    return True
+    assert_close(full, ref_y, "output")
+    assert_close(xs.grad, x.grad, "input grad")
+    assert_close(col.weight.grad, up.weight.grad.chunk(world, 0)[rank], "column weight grad")
+    assert_close(col.bias.grad, up.bias.grad.chunk(world, 0)[rank], "column bias grad")
+    assert_close(row.weight.grad, down.weight.grad.chunk(world, 1)[rank], "row weight grad")
+    assert_close(row.bias.grad, down.bias.grad, "row bias grad")
 
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_column_row_pair_matches_reference(sp):
-    assert all(run_distributed(_layer_parity, 2, sp))
+    run_distributed(_layer_parity, 2, sp)
 
 
 def _ce_parity(rank, world):
@@ -144,27 +142,27 @@ def _ce_parity(rank, world):
     local = logits.detach().chunk(world, -1)[rank].clone().requires_grad_(True)
     loss = vocab_parallel_cross_entropy(local, tgt, dist.group.WORLD)
     (loss * torch.arange(15.0).view(3, 5)).sum().backward()
-    torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(local.grad, logits.grad.chunk(world, -1)[rank])
-    return True
+    assert_close(loss, ref, "per-token loss")
+    assert_close(local.grad, logits.grad.chunk(world, -1)[rank], "logits grad, this rank's vocab shard")
 
 
 def test_vocab_parallel_cross_entropy():
-    assert all(run_distributed(_ce_parity, 4))
+    run_distributed(_ce_parity, 4)
 
 
 def _bad_heads(rank, world):
     model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=3, n_embd=48, block_size=16))
+    want = "n_head = 3 must be divisible by tp = 2"
     try:
         apply_tensor_parallel(model, None, ParallelDims(tp=world).build())
     except ValueError as e:
-        return str(e)
-    return "no error"
+        assert want in str(e), f"ValueError {str(e)!r} does not say {want!r}"
+    else:
+        raise AssertionError(f"n_head=3 with tp={world}: no ValueError (expected one saying {want!r})")
 
 
 def test_heads_not_divisible_by_tp_is_a_clear_error():
-    msgs = run_distributed(_bad_heads, 2)
-    assert all("n_head = 3 must be divisible by tp = 2" in m for m in msgs)
+    run_distributed(_bad_heads, 2)
 
 
 def test_parallel_dims_validation_and_coords():
@@ -175,7 +173,7 @@ def test_parallel_dims_validation_and_coords():
         ParallelDims(tp=0)
 
 
-def _comm_dtype(rank, world, comm_dtype):
+def _comm_dtype(rank, world, comm_dtype, want_seen, want_raw, want_grad_dtype):
     from taco.comm import CommPolicy
 
     torch.manual_seed(0)
@@ -194,18 +192,24 @@ def _comm_dtype(rank, world, comm_dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = row(torch.relu(col(tp_input(xs, ctx, "up"))))
     y.float().square().sum().backward()
-    torch.testing.assert_close(y.float(), ref_y.float(), atol=0.05, rtol=0.05)
+    assert_close(y.float(), ref_y.float(), "output", atol=0.05, rtol=0.05)
     raw = {n: s.raw_bytes / s.calls for n, s in policy.stats.sites.items()}
-    return dict(seen), raw, xs.grad.dtype
+    assert dict(seen) == want_seen, f"dtype sent per site {dict(seen)}, expected {want_seen}"
+    assert raw == want_raw, f"raw bytes per call per site {raw}, expected {want_raw}"
+    if want_grad_dtype is not None:
+        assert xs.grad.dtype == want_grad_dtype, (
+            f"input grad dtype {xs.grad.dtype}, expected {want_grad_dtype}"
+        )
 
 
 def test_tp_comm_dtype_casts_what_travels():
     """Under bf16 autocast the backward all-reduce gets an fp32 gradient: comm_dtype bf16 sends it
     as bf16 (half the bytes) and hands back fp32; None sends it as it comes."""
     numel = 2 * 8 * 16
-    seen, raw, gdt = run_distributed(_comm_dtype, 2, torch.bfloat16)[0]
-    assert seen == {"down.fwd": torch.bfloat16, "up.bwd": torch.bfloat16} and gdt == torch.float32
-    assert raw == {"down.fwd": numel * 2, "up.bwd": numel * 2}  # 2 (N-1)/N x numel x 2 bytes, N = 2
-    seen, raw, _ = run_distributed(_comm_dtype, 2, None)[0]
-    assert seen == {"down.fwd": torch.bfloat16, "up.bwd": torch.float32}
-    assert raw == {"down.fwd": numel * 2, "up.bwd": numel * 4}
+    bf16, f32 = torch.bfloat16, torch.float32
+    seen = {"down.fwd": bf16, "up.bwd": bf16}
+    raw = {"down.fwd": numel * 2, "up.bwd": numel * 2}  # 2 (N-1)/N x numel x 2 bytes, N = 2
+    run_distributed(_comm_dtype, 2, bf16, seen, raw, f32)
+    seen = {"down.fwd": bf16, "up.bwd": f32}
+    raw = {"down.fwd": numel * 2, "up.bwd": numel * 4}
+    run_distributed(_comm_dtype, 2, None, seen, raw, None)
