@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import socket
 import tempfile
 import time
 import traceback
@@ -29,11 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from taco.train.launch import free_port
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: str, timeout: float) -> None:

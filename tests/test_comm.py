@@ -8,6 +8,7 @@ rebuild every other rank's tensor and the exact (fp64) reference.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -338,6 +339,9 @@ def test_policy_codec_for_without_distributed():
     assert d.slices_for(3 << 20) == 3 and d.slices_for(1 << 30) == 4
     assert tc.CommPolicy(slices=2, min_slice_bytes=10).slices_for(100) == 2
     assert tc.make_codec("none") is None and tc.make_codec(taco.get_codec("none")) is None
+    # the default `codec` is a sentinel, not a name: an explicit "taco" is never mistaken for it
+    assert not isinstance(tc.DEFAULT_CODEC, str) and tc.DEFAULT_CODEC != "taco"
+    assert inspect.signature(tc.all_reduce).parameters["codec"].default is tc.DEFAULT_CODEC
     with pytest.raises(ValueError, match="choose one of"):
         tc.CommPolicy(overrides={"a": "bogus"})
     with pytest.raises(ValueError, match="slices"):
