@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("train", "compare"):
+    if extra and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra
     return int(args.func(args) or 0)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 import torch
 
 from taco.bench import codec as bench
+from taco.cli import build_parser
 
 TINY = ["--size", "4096", "--repeat", "1", "--device", "cpu"]
 
@@ -76,14 +76,12 @@ def test_captured_tensors_folder(tmp_path):
 
 
 def test_subparser_and_bad_arguments(capsys):
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers()
-    bench.add_codec_subparser(sub)
-    args = parser.parse_args(["codec", *TINY, "--codecs", "fp9"])
+    parser = build_parser()
+    args = parser.parse_args(["bench", "codec", *TINY, "--codecs", "fp9"])
     assert args.func(args) == 2
     assert "unknown codec" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        parser.parse_args(["codec", "--backend", "cuda-magic"])
+        parser.parse_args(["bench", "codec", "--backend", "cuda-magic"])
 
 
 def test_max_group_rel_err():

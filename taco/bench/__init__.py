@@ -45,9 +45,22 @@ def cli_entry(prog: str) -> Callable[[F], F]:
     return wrap
 
 
+BENCHES = ("codec", "comm", "cluster")
+
+
 def add_bench_subparsers(sub: argparse._SubParsersAction) -> None:
-    """Register `taco bench codec|comm|cluster`, each from its own module."""
-    for name in ("codec", "comm", "cluster"):
+    """Register `taco bench codec|comm|cluster`: each module gives `HELP`, `add_arguments(p)` and
+    `run_<name>(args)`; a module with `TAKES_OVERRIDES` also receives `--section.key=value` extras."""
+    for name in BENCHES:
         mod = importlib.import_module(f"taco.bench.{name}")
-        getattr(mod, f"add_{name}_subparser")(sub)
-        sub.choices[name].set_defaults(func=getattr(mod, f"run_{name}"))
+        p = sub.add_parser(name, help=mod.HELP, description=mod.__doc__.split("\n")[0])
+        mod.add_arguments(p)
+        takes = getattr(mod, "TAKES_OVERRIDES", False)
+        p.set_defaults(func=getattr(mod, f"run_{name}"), takes_overrides=takes)
+
+
+def bench_main(name: str, argv: list[str] | None = None) -> int:
+    """`python -m taco.bench.<name> ARGS` = `taco bench <name> ARGS` (one parser for both)."""
+    from taco.cli import main
+
+    return main(["bench", name, *(sys.argv[1:] if argv is None else argv)])

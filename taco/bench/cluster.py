@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from . import cli_entry
+from . import bench_main, cli_entry
 from .cluster_analysis import Sweep, analyse, model_curves
 from .cluster_records import MODES, PHASES, LinkResult, RunRecord
 from .cluster_report import format_markdown, format_report, load_sweep, write_json, write_plots
@@ -60,13 +60,8 @@ MODE_DTYPES = {"bf16": ("bf16", "bf16"), "autocast": ("bf16", "input"), "fp32": 
 """(train.dtype, parallel.tp_comm_dtype) of each communication mode (`MODES`)"""
 
 
-def add_cluster_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `cluster` on a subparsers object (`taco bench cluster ...`)."""
-    p = subparsers.add_parser(
-        "cluster", help="end-to-end training on a tc-capped emulated link", description=__doc__.split("\n")[0]
-    )
-    add_arguments(p)
-    return p
+HELP = "end-to-end training on a tc-capped emulated link"
+TAKES_OVERRIDES = True  # `--train.steps=20` style extras, as `taco train` takes them
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -327,7 +322,11 @@ def codec_rates(codecs: list[str], numel: int, threads: int, backend: str) -> di
 def _load_cfg(args: argparse.Namespace) -> Any:
     from taco.train.config import load_config
 
-    overrides = [f"--{o.removeprefix('--')}" for o in args.set] + list(getattr(args, "overrides", []) or [])
+    extra = list(getattr(args, "overrides", []) or [])
+    bad = [e for e in extra if not e.startswith("--") or "." not in e.split("=")[0]]
+    if bad:
+        raise ValueError(f"unrecognized arguments: {' '.join(bad)} (overrides look like --train.steps=20)")
+    overrides = [f"--{o.removeprefix('--')}" for o in args.set] + extra
     cfg = load_config(args.config, overrides)
     if cfg.parallel.sp or cfg.parallel.pp > 1 or cfg.parallel.dp > 1:
         raise ValueError("the emulation runs TP only (sp=false, pp=dp=1)")
@@ -400,14 +399,7 @@ def run_cluster(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taco.bench.cluster", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    args, extra = p.parse_known_args(argv)
-    bad = [e for e in extra if not e.startswith("--") or "." not in e.split("=")[0]]
-    if bad:
-        p.error(f"unrecognized arguments: {' '.join(bad)}")
-    args.overrides = extra  # `--train.steps=20` style, as `taco train` takes them
-    return run_cluster(args)
+    return bench_main("cluster", argv)
 
 
 if __name__ == "__main__":

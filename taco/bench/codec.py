@@ -28,7 +28,7 @@ import taco
 from taco.codec import CODECS, sqnr_db
 from taco.codec.codecs import GroupCodec
 
-from . import cli_entry
+from . import bench_main, cli_entry
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RANGE_SCALES = (1e-30, 1e-20, 1e-15, 1e-10, 1e-5, 1.0, 1e5, 1e10, 1e11, 1e12, 1e15, 1e20, 1e30)
@@ -270,7 +270,10 @@ def _json_safe(obj: object) -> object:
 
 
 # -- command line ---------------------------------------------------------------------------------
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+HELP = "codec fidelity and throughput (docs/design.md 3)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codecs", default="", help="comma-separated codec names (default: all)")
     p.add_argument(
         "--families", default="", help=f"comma-separated synthetic families (default: {','.join(FAMILIES)})"
@@ -292,19 +295,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default="", help="also write the results to this JSON file")
 
 
-def add_codec_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `codec` under a `taco bench` subparsers object."""
-    p = subparsers.add_parser(
-        "codec",
-        help="codec fidelity and throughput (DESIGN.md 3)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(p)
-    p.set_defaults(func=run_codec)
-    return p
-
-
 @cli_entry("taco bench codec")
 def run_codec(args: argparse.Namespace) -> int:
     """Entry point of `taco bench codec`: print the tables, write --json; returns the exit code."""
@@ -316,13 +306,7 @@ def run_codec(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m taco.bench.codec",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(parser)
-    return run_codec(parser.parse_args(argv))
+    return bench_main("codec", argv)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import cli_entry
+from . import bench_main, cli_entry
 from .codec import best_time
 from .ranks import comma_list as _csv
 from .ranks import gloo_rank, spawn_ranks
@@ -51,13 +51,7 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def add_comm_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `comm` on a subparsers object (`taco bench comm ...`)."""
-    p = subparsers.add_parser(
-        "comm", help="plain vs compressed collectives", description=__doc__.split("\n")[0]
-    )
-    add_arguments(p)
-    return p
+HELP = "plain vs compressed collectives"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -247,9 +241,7 @@ def run_comm(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taco.bench.comm", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    return run_comm(p.parse_args(argv))
+    return bench_main("comm", argv)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def add_train_subparser(sub: argparse._SubParsersAction) -> None:
         description="Extra --section.key=value arguments override the config file.",
     )
     p.add_argument("--config", default=None, help="TOML config (e.g. configs/demo.toml)")
-    p.set_defaults(func=run_train)
+    p.set_defaults(func=run_train, takes_overrides=True)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -59,7 +59,7 @@ def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
         help="comma-separated TP codecs to compare against codec 'none'",
     )
     p.add_argument("--out", default="runs/compare", help="output directory (curves, table, PNG)")
-    p.set_defaults(func=run_compare)
+    p.set_defaults(func=run_compare, takes_overrides=True)
 
 
 def run_compare(args: argparse.Namespace) -> int:
