@@ -17,12 +17,13 @@ Layout is batch first, ``[b, s, h]``. Parameter names (``tok_emb``, ``layers.{i}
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from taco.models.init import init_weights
 
 
 @dataclass
@@ -142,19 +143,7 @@ class GPT(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 n_layer)."""
-        resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = resid_std if name.endswith(("attn.out", "mlp.down")) else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        init_weights(self, self.config.n_layer, (nn.LayerNorm,))
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token + position embeddings. ``idx``: [b, s]; ``positions``: [s] or [b, s] (default 0..s-1)."""

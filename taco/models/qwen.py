@@ -14,12 +14,13 @@ on q and k before RoPE. Layout is batch first, ``[b, s, h]``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from taco.models.init import init_weights
 
 
 @dataclass
@@ -196,17 +197,7 @@ class Qwen(nn.Module):
 
     def reset_parameters(self) -> None:
         """N(0, 0.02) for linears and embeddings, residual projections scaled by 1/sqrt(2 L)."""
-        resid_std = 0.02 / math.sqrt(2 * self.config.num_hidden_layers)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = resid_std if name.endswith(("attn.out", "mlp.down")) else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+        init_weights(self, self.config.num_hidden_layers, (RMSNorm,))
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token embeddings. ``idx``: [b, s] -> [b, s, h]; ``positions`` unused (RoPE is in the layers)."""
