@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taco.models.init import init_weights
+from taco.models.decoder import Decoder
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Block(nn.Module):
         return x
 
 
-class GPT(nn.Module):
+class GPT(Decoder):
     """GPT-2 language model: ``forward(idx) = head(run_layers(embed(idx)))``."""
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -143,7 +143,7 @@ class GPT(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 n_layer)."""
-        init_weights(self, self.config.n_layer, (nn.LayerNorm,))
+        self.init_weights(self.config.n_layer, (nn.LayerNorm,))
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token + position embeddings. ``idx``: [b, s]; ``positions``: [s] or [b, s] (default 0..s-1)."""
@@ -160,18 +160,3 @@ class GPT(nn.Module):
         for layer in self.layers:
             x = layer(x)  # [b, s, h]
         return x
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and output projection; logits in fp32. ``x``: [b, s, h] -> [b, s, vocab]."""
-        return self.lm_head(self.norm(x)).float()  # [b, s, vocab]
-
-    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """``idx``: LongTensor [b, s] -> logits [b, s, vocab] (float32)."""
-        return self.head(self.run_layers(self.embed(idx, positions), positions))
-
-    def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Parameters, tied weights counted once; optionally without ``tok_emb`` and ``pos_emb``."""
-        n = sum(p.numel() for p in self.parameters())
-        if exclude_embeddings:
-            n -= self.pos_emb.weight.numel() + self.tok_emb.weight.numel()
-        return n

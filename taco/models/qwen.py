@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taco.models.init import init_weights
+from taco.models.decoder import Decoder
 
 
 @dataclass
@@ -181,7 +181,7 @@ class Block(nn.Module):
         return x
 
 
-class Qwen(nn.Module):
+class Qwen(Decoder):
     """Qwen2/Qwen3 language model: ``forward(idx) = head(run_layers(embed(idx)))``."""
 
     def __init__(self, cfg: QwenConfig) -> None:
@@ -197,7 +197,7 @@ class Qwen(nn.Module):
 
     def reset_parameters(self) -> None:
         """N(0, 0.02) for linears and embeddings, residual projections scaled by 1/sqrt(2 L)."""
-        init_weights(self, self.config.num_hidden_layers, (RMSNorm,))
+        self.init_weights(self.config.num_hidden_layers, (RMSNorm,))
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token embeddings. ``idx``: [b, s] -> [b, s, h]; ``positions`` unused (RoPE is in the layers)."""
@@ -211,18 +211,3 @@ class Qwen(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)  # [b, s, h]
         return x
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm and output projection; logits in fp32. ``x``: [b, s, h] -> [b, s, vocab]."""
-        return self.lm_head(self.norm(x)).float()  # [b, s, vocab]
-
-    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """``idx``: LongTensor [b, s] -> logits [b, s, vocab] (float32)."""
-        return self.head(self.run_layers(self.embed(idx, positions), positions))
-
-    def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Parameters, tied weights counted once; optionally without ``tok_emb``."""
-        n = sum(p.numel() for p in self.parameters())
-        if exclude_embeddings:
-            n -= self.tok_emb.weight.numel()
-        return n

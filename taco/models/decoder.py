@@ -1,0 +1,61 @@
+"""What GPT and Qwen share: the decoder interface the parallel code relies on, and the random init.
+
+Why this file exists: the pipeline runs a model as ``embed -> run_layers -> head`` (a stage keeps
+its slice of ``layers`` and, first or last, the embedding or the head), and the TP plan names
+``tok_emb``, ``layers``, ``norm`` and ``lm_head``. A model subclasses ``Decoder`` and writes
+``embed`` and ``run_layers`` (where the architectures differ); ``head``, ``forward``,
+``num_params`` and the weight initialisation are written once here. Init (nanoGPT, GPT-2):
+N(0, 0.02) for linears and embeddings, the residual projections of each block (``attn.out``,
+``mlp.down``) scaled by 1/sqrt(2 n_layer), zero biases, unit norm gains.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class Decoder(nn.Module):
+    """Base of the decoder-only models: ``tok_emb``, ``layers``, ``norm``, ``lm_head`` (+ ``pos_emb``)."""
+
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [b, s] -> hidden states [b, s, h]."""
+        raise NotImplementedError
+
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states through the blocks held here: [b, s, h] -> [b, s, h]."""
+        raise NotImplementedError
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and output projection; logits in fp32. ``x``: [b, s, h] -> [b, s, vocab]."""
+        return self.lm_head(self.norm(x)).float()  # [b, s, vocab]
+
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``idx``: LongTensor [b, s] -> logits [b, s, vocab] (float32)."""
+        return self.head(self.run_layers(self.embed(idx, positions), positions))
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Parameters, tied weights counted once; optionally without ``tok_emb`` (and ``pos_emb``)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            for emb in (self.tok_emb, getattr(self, "pos_emb", None)):
+                n -= emb.weight.numel() if emb is not None else 0
+        return n
+
+    def init_weights(self, n_layer: int, norms: tuple[type[nn.Module], ...]) -> None:
+        """The random init above, in place; ``norms`` are the norm classes whose gain starts at one."""
+        resid_std = 0.02 / math.sqrt(2 * n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = resid_std if name.endswith(("attn.out", "mlp.down")) else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, norms):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
