@@ -28,26 +28,17 @@ def corpus(tmp_path_factory):
 
 
 def tiny(corpus, out, *extra):
-    path, cache = corpus
+    """The small TP=2 run of these tests: `tiny_args` plus steps, eval/log cadence and the codec."""
     return load_config(
         None,
         [
+            *tiny_args(corpus, out),
             "--model.kind=gpt",
-            "--model.n_layer=2",
-            "--model.n_head=4",
-            "--model.hidden=32",
-            "--model.seq_len=32",
-            "--data.dataset=text",
-            f"--data.path={path}",
-            f"--data.cache_dir={cache}",
-            "--data.vocab_size=300",
-            "--train.batch_size=4",
             "--train.steps=6",
             "--train.warmup_steps=2",
             "--train.eval_interval=3",
             "--train.eval_steps=2",
             "--train.log_interval=3",
-            f"--train.out_dir={out}",
             "--parallel.tp=2",
             "--compression.tp_codec=taco",
             *extra,
