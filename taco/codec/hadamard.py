@@ -25,7 +25,7 @@ def check_group_size(g: int, allowed: tuple[int, ...] = GROUP_SIZES) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _sylvester_cpu(g: int) -> torch.Tensor:
-    h = torch.ones(1, 1)
+    h = torch.ones(1, 1, device="cpu")
     while h.shape[0] < g:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
     return h

@@ -44,8 +44,9 @@ def taco_encode(xg: torch.Tensor, h: torch.Tensor, fp8: torch.dtype, fmax: float
         return Fn.taco_encode(xg, h, fp8, fmax, lam, target)
     xg = xg.float().contiguous()
     c = native.cfg("taco", g, True, fp8, fmax, lam, target)
-    q = torch.empty(ng, g, dtype=torch.uint8)
-    s_q, s_a = torch.empty(ng, 1), torch.empty(ng, 1)
+    dev = xg.device  # the native kernels run on CPU tensors only; explicit, whatever the default device
+    q = torch.empty(ng, g, dtype=torch.uint8, device=dev)
+    s_q, s_a = torch.empty(ng, 1, device=dev), torch.empty(ng, 1, device=dev)
     lib.taco_encode(c, _ptr(xg), 0, xg.numel(), _ptr(q), _ptr(s_q), _ptr(s_a), native.num_threads())
     return q, s_q, s_a
 
@@ -56,7 +57,7 @@ def taco_decode(q: torch.Tensor, s_q: torch.Tensor, s_a: torch.Tensor, h: torch.
     if lib is None or not _is_sylvester(h, g) or h is None:
         return Fn.taco_decode(q, s_q, s_a, h, fp8)
     q, s_q, s_a = q.contiguous(), s_q.float().contiguous(), s_a.float().contiguous()
-    y = torch.empty(ng, g)
+    y = torch.empty(ng, g, device=q.device)
     c = native.cfg("taco", g, True, fp8)
     lib.taco_decode(c, _ptr(q), _ptr(s_q), _ptr(s_a), y.numel(), _ptr(y), 0, native.num_threads())
     return y
@@ -69,7 +70,7 @@ def fp8_encode(xg: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype, fmax:
         return Fn.fp8_encode(xg, h, fp8, fmax)
     xg = xg.float().contiguous()
     c = native.cfg("fp8", g, h is not None, fp8, fmax)
-    q, s = torch.empty(ng, g, dtype=torch.uint8), torch.empty(ng, 1)
+    q, s = torch.empty(ng, g, dtype=torch.uint8, device=xg.device), torch.empty(ng, 1, device=xg.device)
     lib.taco_encode(c, _ptr(xg), 0, xg.numel(), _ptr(q), _ptr(s), None, native.num_threads())
     return q, s
 
@@ -80,7 +81,7 @@ def fp8_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, fp8: to
     if lib is None or not _is_sylvester(h, g) or g % 8:
         return Fn.fp8_decode(q, s, h, fp8)
     q, s = q.contiguous(), s.float().contiguous()
-    y = torch.empty(ng, g)
+    y = torch.empty(ng, g, device=q.device)
     c = native.cfg("fp8", g, h is not None, fp8)
     lib.taco_decode(c, _ptr(q), _ptr(s), None, y.numel(), _ptr(y), 0, native.num_threads())
     return y
@@ -93,7 +94,7 @@ def int_encode(xg: torch.Tensor, h: torch.Tensor | None, qmax: int):
         return Fn.int_encode(xg, h, qmax)
     xg = xg.float().contiguous()
     c = native.cfg("int", g, h is not None, qmax=float(qmax))
-    q, s = torch.empty(ng, g, dtype=torch.int8), torch.empty(ng, 1)
+    q, s = torch.empty(ng, g, dtype=torch.int8, device=xg.device), torch.empty(ng, 1, device=xg.device)
     lib.taco_encode(c, _ptr(xg), 0, xg.numel(), _ptr(q), _ptr(s), None, native.num_threads())
     return q, s
 
@@ -104,7 +105,7 @@ def int_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None):
     if lib is None or not _is_sylvester(h, g) or g % 8 or q.dtype != torch.int8:
         return Fn.int_decode(q, s, h)
     q, s = q.contiguous(), s.float().contiguous()
-    y = torch.empty(ng, g)
+    y = torch.empty(ng, g, device=q.device)
     c = native.cfg("int", g, h is not None)
     lib.taco_decode(c, _ptr(q), _ptr(s), None, y.numel(), _ptr(y), 0, native.num_threads())
     return y
@@ -146,7 +147,7 @@ def encode_wire(codec, x: torch.Tensor, out: torch.Tensor) -> None:
 def decode_wire(codec, buf: torch.Tensor, numel: int, dtype: torch.dtype, out: torch.Tensor | None = None):
     """Decode one chunk of `numel` elements into a new (or the given) flat tensor of `dtype`."""
     lib = _lib(buf)
-    y = torch.empty(numel, dtype=dtype) if out is None else out
+    y = torch.empty(numel, dtype=dtype, device=buf.device) if out is None else out
     q, s0, s1 = _offsets(codec, _ptr(buf), codec.groups(numel))
     lib.taco_decode(codec_cfg(codec), q, s0, s1, numel, _ptr(y), native.DTYPE[dtype], native.num_threads())
     return y
