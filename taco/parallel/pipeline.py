@@ -209,7 +209,9 @@ class PipelineEngine:
     `module` is what the forward calls: the stage, or DDP(stage) (then every forward runs under
     `no_sync` and only the step's last backward prepares DDP's gradient reduction).
     `policy` (a `taco.comm.CommPolicy`) picks the codec of sites `pp.act` and `pp.grad` and keeps
-    their statistics; None: plain send/recv.
+    their statistics; None: plain send/recv. `act_dtype`: the dtype activations and their gradients
+    travel in between stages (the trainer passes the training dtype: bf16 training sends bf16, as
+    TP does). `device`: where received tensors and the loss are made (default: the stage's).
     """
 
     def __init__(
@@ -222,11 +224,14 @@ class PipelineEngine:
         schedule: str = "1f1b",
         act_dtype: torch.dtype = torch.float32,
         autocast: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         schedule_actions(schedule, 0, 1, 1)  # validates the name
         self.stage, self.dims, self.policy, self.schedule = stage, dims, policy, schedule
         self.module = module if module is not None else stage
         self.act_dtype, self.autocast = act_dtype, autocast
+        # where received activations, gradients and the loss live (default: the stage's parameters)
+        self.device = torch.device(device) if device is not None else next(stage.parameters()).device
         self.group = dims.group("pp") if dims.pp > 1 else None
         ranks = dims.ranks("pp") if dims.pp > 1 else [None]
         p = stage.stage
@@ -247,7 +252,7 @@ class PipelineEngine:
 
     def _recv(self, what: str, shape: tuple[int, ...], policy: comm.CommPolicy | None) -> torch.Tensor:
         peer = self.prev if what == "act" else self.next
-        like = torch.empty((), dtype=self.act_dtype).expand(shape)  # shape and dtype only
+        like = torch.empty((), dtype=self.act_dtype, device=self.device).expand(shape)  # shape, dtype, device
         codec = self._codec(what, like, policy)
         return comm.recv(like, peer, self.group, codec=codec, site=f"pp.{what}.recv", policy=policy)
 
@@ -271,7 +276,7 @@ class PipelineEngine:
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         grads: dict[int, torch.Tensor] = {}
-        total = torch.zeros((), dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
         is_ddp = isinstance(self.module, nn.parallel.DistributedDataParallel)
         ddp = self.module if train and is_ddp else None
         module = self.module if train else self.stage

@@ -1,16 +1,21 @@
 """The training loop of one rank of a (dp, pp, tp) mesh: model stage, AdamW, eval, checkpoints.
 
-Each rank builds the full model from the seed, shards it for TP (compressed collectives), keeps
-its pipeline stage (`taco.parallel.pipeline`, compressed send/recv), wraps the stage in DDP over
-the DP group (`taco.parallel.data_parallel`, compressed gradient buckets), and runs a step as a
-pipeline schedule of micro-batches (pp = 1: gradient accumulation). `launch(cfg)` runs it on
-every rank: it spawns local gloo (or NCCL) ranks itself, or under torchrun runs as one rank of a
-bigger job. Rank 0 logs to stdout, `metrics.jsonl` and TensorBoard.
+Each rank builds the full model from the seed (on the CPU, so every device starts from the same
+weights), shards it for TP (compressed collectives), keeps its pipeline stage
+(`taco.parallel.pipeline`, compressed send/recv), moves the stage to its device, wraps it in DDP
+over the DP group (`taco.parallel.data_parallel`, compressed gradient buckets), and runs a step as
+a pipeline schedule of micro-batches (pp = 1: gradient accumulation). `Trainer.fit()` is the loop:
+steps, evaluation, checkpoints, metrics; `taco.train.launch` only starts the ranks and their
+process group. Rank 0 logs to stdout, `metrics.jsonl` and TensorBoard.
+
+Devices: one `torch.device` per rank, given to the trainer; the model, every batch, scalar and
+buffer live there. Per step the host reads the loss, the gradient norm and the byte counters
+once (for the log), never per collective.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -20,9 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from taco.comm import CommPolicy
 from taco.parallel import (
     ParallelDims,
     PipelineEngine,
@@ -37,82 +40,20 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
+from taco.train.build import (
+    AXES,
+    build_axis_policy,
+    build_model,
+    build_policy,
+    lr_at,
+    sent_bytes,
+    tp_comm_dtype,
+    train_dtype,
+)
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from taco.train.config import Config
+from taco.train.config import Config, config_to_toml
 from taco.train.data import TokenDataset
-
-
-def build_model(cfg: Config, vocab_size: int) -> nn.Module:
-    """The full (unsharded) model of `cfg.model`, initialised from `train.seed` or an HF checkpoint."""
-    from taco.models import build_model as build
-    from taco.models import load_hf_checkpoint
-    from taco.models.presets import SIZE_KEYS
-
-    m = cfg.model
-    if m.init_from:
-        model, _ = load_hf_checkpoint(m.init_from)
-        if model.tok_emb.num_embeddings != vocab_size:
-            raise ValueError(
-                f"model.init_from has vocab {model.tok_emb.num_embeddings} but the data's tokenizer has "
-                f"{vocab_size}: prepare data with the checkpoint's tokenizer"
-            )
-        return model
-    torch.manual_seed(cfg.train.seed)
-    sizes = {key: getattr(m, key) for key in SIZE_KEYS}  # the [model] names are the neutral size names
-    return build(m.kind.value, **{**sizes, "vocab_size": vocab_size})
-
-
-def tp_comm_dtype(cfg: Config) -> torch.dtype | None:
-    """The dtype TP collectives send (`parallel.tp_comm_dtype`; "auto" follows `train.dtype`)."""
-    name = cfg.parallel.tp_comm_dtype.value
-    if name == "auto":
-        name = cfg.train.dtype.value
-    return {"input": None, "fp32": torch.float32, "bf16": torch.bfloat16}[name]
-
-
-def build_policy(cfg: Config) -> CommPolicy:
-    """The TP communication policy of `[compression]` (codec "none" keeps plain collectives + stats;
-    its options, e.g. a config file's group_size kept for a baseline run, are then ignored)."""
-    import taco
-
-    c = cfg.compression
-    codec = None if c.tp_codec == "none" else taco.get_codec(c.tp_codec, **c.tp_codec_options)
-    # Only sites matching compression.tp_sites are compressed; the first matching glob wins.
-    overrides: dict = {} if "*" in c.tp_sites else {**{g: codec for g in c.tp_sites}, "*": None}
-    return CommPolicy(
-        codec=codec, overrides=overrides, min_bytes=c.min_bytes, slices=c.slices, check_sizes=False
-    )
-
-
-def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
-    """The PP or DP policy of `[compression]`: `{axis}_codec` with its options, for every site."""
-    c = cfg.compression
-    name = getattr(c, f"{axis}_codec")
-    return CommPolicy(
-        codec=name,
-        options=getattr(c, f"{axis}_codec_options") if name != "none" else {},
-        min_bytes=c.min_bytes,
-        slices=c.slices,
-        check_sizes=False,
-    )
-
-
-def sent_bytes(policy: CommPolicy) -> tuple[int, int]:
-    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded)."""
-    sites = [s for name, s in policy.stats.sites.items() if not name.endswith(".recv")]
-    return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
-
-
-AXES = ("tp", "pp", "dp")
-
-
-def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup, then cosine decay from train.lr to train.min_lr."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
+from taco.train.metrics import MetricsLogger, capture_fn
 
 
 @dataclass
@@ -130,9 +71,17 @@ class Trainer:
     """Owns the model stage, optimizer, data and logging of one rank."""
 
     def __init__(
-        self, cfg: Config, dims: ParallelDims, data_dir: Path, log: bool, zero: bool = False
+        self,
+        cfg: Config,
+        dims: ParallelDims,
+        data_dir: Path,
+        log: bool,
+        device: torch.device | str = "cpu",
     ) -> None:
+        """`dims`: the built mesh; `log`: this rank writes the outputs (rank 0); `device`: where
+        this rank computes (its process group must be able to move tensors there)."""
         self.cfg, self.dims, self.log = cfg, dims, log
+        self.device = torch.device(device)
         t, p = cfg.train, cfg.parallel
         self.train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
         self.val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
@@ -149,6 +98,7 @@ class Trainer:
             build_model(cfg, vocab), None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg)
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
+        self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
         c = cfg.compression
@@ -163,7 +113,9 @@ class Trainer:
             module=self.module,
             policy=self.policies["pp"],
             schedule=p.pp_schedule.value,
+            act_dtype=train_dtype(cfg),
             autocast=self.autocast,
+            device=self.device,
         )
         self.tp_group = dims.group("tp")
         params = list(self.stage.parameters())
@@ -173,7 +125,7 @@ class Trainer:
             {"params": decay, "weight_decay": t.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        self.opt = build_optimizer(groups, self.dp_group, zero, lr=t.lr, betas=(t.beta1, t.beta2))
+        self.opt = build_optimizer(groups, self.dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
         self.step = 0
         self.out_dir = Path(t.out_dir)
         self.mesh = {"dp": dims.dp, "pp": dims.pp, "tp": dims.tp, "sp": int(dims.sp)}
@@ -194,14 +146,20 @@ class Trainer:
             v /= self.dims.dp
         return v
 
-    def train_step(self) -> StepStats:
-        cfg, dims = self.cfg, self.dims
-        t0 = time.perf_counter()
+    def _batch(self, ds: TokenDataset, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch k of `ds` for this DP rank, on this rank's device: ids x [b, s], targets y [b, s]."""
+        x, y = ds.get_batch(k, self.cfg.train.batch_size, self.dims.dp_rank, self.dims.dp)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def compute_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward and every gradient reduction of the current step, then clipping.
+
+        Returns (mean loss over the global batch, global gradient norm before clipping) as
+        0-d tensors on this rank's device: nothing here waits for the device.
+        """
+        cfg = self.cfg
         self._seed_step(self.step)
-        for g in self.opt.param_groups:
-            g["lr"] = lr_at(self.step, cfg)
-        before = self._bytes()
-        x, y = self.train_ds.get_batch(self.step, cfg.train.batch_size, dims.dp_rank, dims.dp)
+        x, y = self._batch(self.train_ds, self.step)
         self.opt.zero_grad(set_to_none=True)
         loss = self.engine.train_step(x, y, cfg.parallel.microbatches, self._loss_fn)
         sync_tp_partial_grads(self.model)
@@ -211,30 +169,38 @@ class Trainer:
             site.calls += 1
             site.wire_bytes += self.plain_dp_bytes
             site.raw_bytes += self.plain_dp_bytes
-        loss = self._dp_mean(loss).item()
-        norm = self._clip(cfg.train.grad_clip)
+        return self._dp_mean(loss), self._clip(cfg.train.grad_clip)
+
+    def train_step(self) -> StepStats:
+        """One optimiser step: `compute_gradients`, AdamW, byte counters (one host sync, for the log)."""
+        t0 = time.perf_counter()
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, self.cfg)
+        before = self._bytes()
+        loss, norm = self.compute_gradients()
         self.opt.step()
         self.step += 1
-        wire, raw = self._per_rank_mean(before, self._bytes())
-        return StepStats(loss, norm, wire, raw, time.perf_counter() - t0)
+        wire, raw = self._per_rank_mean(before, self._bytes())  # waits for the step (reads counters)
+        return StepStats(loss.item(), norm.item(), wire, raw, time.perf_counter() - t0)
 
     def _bytes(self) -> list[int]:
         return [b for a in AXES for b in sent_bytes(self.policies[a])]
 
     def _per_rank_mean(self, before: list[int], after: list[int]) -> tuple[dict, dict]:
         """Bytes per axis this step, averaged over every rank of the job (ranks differ with PP)."""
-        d = torch.tensor([a - b for a, b in zip(after, before)], dtype=torch.float64)
+        d = torch.tensor([a - b for a, b in zip(after, before)], dtype=torch.float64, device=self.device)
         if dist.get_world_size() > 1:
             dist.all_reduce(d)
             d /= dist.get_world_size()
         v = d.tolist()
         return {a: v[2 * i] for i, a in enumerate(AXES)}, {a: v[2 * i + 1] for i, a in enumerate(AXES)}
 
-    def _clip(self, max_norm: float) -> float:
+    def _clip(self, max_norm: float) -> torch.Tensor:
         """Global grad norm: TP-sharded slices summed over TP, replicas once, stages summed over PP
-        (the last stage's tied-embedding copy skipped); DP replicas hold the same gradients."""
-        sharded = torch.zeros((), dtype=torch.float64)
-        replicated = torch.zeros((), dtype=torch.float64)
+        (the last stage's tied-embedding copy skipped); DP replicas hold the same gradients.
+        Clips to `max_norm` (0 = off) without reading the norm on the host."""
+        sharded = torch.zeros((), dtype=torch.float64, device=self.device)
+        replicated = torch.zeros((), dtype=torch.float64, device=self.device)
         params = [p for p in self.stage.parameters() if p.grad is not None]
         for p in params:
             if is_pp_copy(p):
@@ -249,10 +215,14 @@ class Trainer:
         total = sharded + replicated
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.dims.group("pp"))
-        norm = math.sqrt(total.item())
-        if max_norm > 0 and norm > max_norm:
+        norm = total.sqrt()
+        if max_norm > 0:  # scale by max_norm / norm when above the bound, else by exactly 1
+            scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for p in params:
-                p.grad.mul_(max_norm / (norm + 1e-6))
+                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+            for dtype, grads in by_dtype.items():
+                torch._foreach_mul_(grads, scale.to(dtype))
         return norm
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -266,11 +236,11 @@ class Trainer:
         try:
             losses = []
             for i in range(self.cfg.train.eval_steps):
-                x, y = self.val_ds.get_batch(i, self.cfg.train.batch_size, self.dims.dp_rank, self.dims.dp)
-                losses.append(self.engine.eval_step(x, y, mb, self._loss_fn).item())
+                x, y = self._batch(self.val_ds, i)
+                losses.append(self.engine.eval_step(x, y, mb, self._loss_fn))
         finally:
             ctx.policy = saved
-        return self._dp_mean(torch.tensor([sum(losses) / len(losses)])).item()
+        return self._dp_mean(torch.stack(losses).mean()).item()
 
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -294,3 +264,78 @@ class Trainer:
         self.step = st["step"]
         if self.log:
             print(f"resumed from {d} at step {self.step}", flush=True)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to `train.steps` (resuming first if `train.resume` says so); returns the summary.
+
+        Per step: one optimiser step, a metrics record, evaluation every `eval_interval` steps and
+        at the end, checkpoints every `checkpoint_interval` steps and at the end. Rank 0 writes
+        `config.toml`, `metrics.jsonl`, TensorBoard, `comm_stats.txt` and `summary.json` to
+        `train.out_dir`. The summary's bytes are per step and per rank, averaged over the job.
+        """
+        cfg, t, p, c = self.cfg, self.cfg.train, self.cfg.parallel, self.cfg.compression
+        self.maybe_resume()
+        if t.capture_dir and self.dims.tp_rank == 0 and self.dims.dp_rank == 0:
+            hook = capture_fn(Path(t.capture_dir), t.capture_interval, lambda: self.step)
+            tp_context(self.model).capture = hook
+        logger = MetricsLogger(self.out_dir, self.log, t.steps)
+        if self.log:
+            (self.out_dir / "config.toml").write_text(config_to_toml(cfg))
+            n = sum(q.numel() for q in self.model.parameters())
+            print(
+                f"[taco] {cfg.model.kind} {self.dims} world={dist.get_world_size()} device={self.device} "
+                f"params/rank={n / 1e6:.2f}M microbatches={p.microbatches} schedule={p.pp_schedule} "
+                f"codecs: tp={c.tp_codec} pp={c.pp_codec} dp={c.dp_codec} out={self.out_dir}",
+                flush=True,
+            )
+        tokens_per_step = t.batch_size * cfg.model.seq_len
+        t_train, steps_done, start_step, val = 0.0, 0, self.step, float("nan")
+        wire_sum, raw_sum = dict.fromkeys(AXES, 0.0), dict.fromkeys(AXES, 0.0)
+        while self.step < t.steps:
+            st = self.train_step()
+            step = self.step
+            t_train += st.seconds
+            steps_done += 1
+            rec: dict[str, Any] = {
+                "step": step,
+                "loss": st.loss,
+                "lr": self.opt.param_groups[0]["lr"],
+                "grad_norm": st.grad_norm,
+                "step_s": st.seconds,
+            }
+            for a in AXES:
+                wire_sum[a] += st.wire_bytes[a]
+                raw_sum[a] += st.raw_bytes[a]
+                rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
+                rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
+            if step % t.eval_interval == 0 or step == t.steps:
+                rec["val_loss"] = val = self.evaluate()
+            if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or step == t.steps):
+                self.save()
+            logger.write(rec)
+            if step % t.log_interval == 0 or step == t.steps or "val_loss" in rec:
+                eta = (t.steps - step) * t_train / steps_done
+                logger.progress(rec, tokens_per_step * steps_done / max(t_train, 1e-9), eta)
+        logger.close()
+        n = max(steps_done, 1)
+        summary = {
+            "final_val_loss": val,
+            "steps": self.step,
+            "resumed_from": start_step,
+            "tokens_per_s": tokens_per_step * steps_done / max(t_train, 1e-9),
+            **{f"{a}_wire_bytes_per_step": wire_sum[a] / n for a in AXES},
+            **{f"{a}_raw_bytes_per_step": raw_sum[a] / n for a in AXES},
+            "mesh": str(self.dims),
+            "device": str(self.device),
+            "microbatches": p.microbatches,
+            "pp_schedule": str(p.pp_schedule),
+            "tp_codec": c.tp_codec,
+            "pp_codec": c.pp_codec,
+            "dp_codec": c.dp_codec,
+        }
+        if self.log:
+            stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)
+            (self.out_dir / "comm_stats.txt").write_text(stats + "\n")
+            (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary

@@ -63,6 +63,12 @@ class Backend(_Choice):
     NCCL = "nccl"
 
 
+class Device(_Choice):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
 class Dtype(_Choice):
     FP32 = "fp32"
     BF16 = "bf16"
@@ -349,6 +355,10 @@ class TrainConfig(_Section):
         "doc": "Validation batches per evaluation (the same batches every time)."})
     log_interval: int = field(default=10, metadata={
         "doc": "Print and record loss, throughput and bytes on the wire every this many steps."})
+    device: Device = field(default=Device.AUTO, metadata={"doc": (
+        'Where each rank computes: "auto" = cuda:LOCAL_RANK when CUDA is available, else cpu; "cpu"; '
+        '"cuda" (cuda:LOCAL_RANK, an error without CUDA). The model, batches, every buffer and the '
+        "collectives (NCCL on cuda, gloo on cpu, unless parallel.backend says otherwise) follow it.")})
     dtype: Dtype = field(default=Dtype.FP32, metadata={
         "doc": 'Compute dtype of weights and activations: "fp32" or "bf16" (optimiser state stays fp32).'})
     out_dir: str = field(default="", metadata={

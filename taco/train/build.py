@@ -1,0 +1,94 @@
+"""What a run is built from: the model, the communication policies, the learning-rate schedule.
+
+Why this file exists: these are pure functions of the config (no loop state), shared by the
+trainer and by the benchmarks and tests that build one piece of a run; keeping them apart keeps
+`trainer.py` about the loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from taco.comm import CommPolicy
+from taco.train.config import Config
+
+
+def build_model(cfg: Config, vocab_size: int) -> nn.Module:
+    """The full (unsharded) model of `cfg.model`, initialised from `train.seed` or an HF checkpoint."""
+    from taco.models import build_model as build
+    from taco.models import load_hf_checkpoint
+    from taco.models.presets import SIZE_KEYS
+
+    m = cfg.model
+    if m.init_from:
+        model, _ = load_hf_checkpoint(m.init_from)
+        if model.tok_emb.num_embeddings != vocab_size:
+            raise ValueError(
+                f"model.init_from has vocab {model.tok_emb.num_embeddings} but the data's tokenizer has "
+                f"{vocab_size}: prepare data with the checkpoint's tokenizer"
+            )
+        return model
+    torch.manual_seed(cfg.train.seed)
+    sizes = {key: getattr(m, key) for key in SIZE_KEYS}  # the [model] names are the neutral size names
+    return build(m.kind.value, **{**sizes, "vocab_size": vocab_size})
+
+
+def tp_comm_dtype(cfg: Config) -> torch.dtype | None:
+    """The dtype TP collectives send (`parallel.tp_comm_dtype`; "auto" follows `train.dtype`)."""
+    name = cfg.parallel.tp_comm_dtype.value
+    if name == "auto":
+        name = cfg.train.dtype.value
+    return {"input": None, "fp32": torch.float32, "bf16": torch.bfloat16}[name]
+
+
+def build_policy(cfg: Config) -> CommPolicy:
+    """The TP communication policy of `[compression]` (codec "none" keeps plain collectives + stats;
+    its options, e.g. a config file's group_size kept for a baseline run, are then ignored)."""
+    import taco
+
+    c = cfg.compression
+    codec = None if c.tp_codec == "none" else taco.get_codec(c.tp_codec, **c.tp_codec_options)
+    # Only sites matching compression.tp_sites are compressed; the first matching glob wins.
+    overrides: dict = {} if "*" in c.tp_sites else {**{g: codec for g in c.tp_sites}, "*": None}
+    return CommPolicy(
+        codec=codec, overrides=overrides, min_bytes=c.min_bytes, slices=c.slices, check_sizes=False
+    )
+
+
+def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
+    """The PP or DP policy of `[compression]`: `{axis}_codec` with its options, for every site."""
+    c = cfg.compression
+    name = getattr(c, f"{axis}_codec")
+    return CommPolicy(
+        codec=name,
+        options=getattr(c, f"{axis}_codec_options") if name != "none" else {},
+        min_bytes=c.min_bytes,
+        slices=c.slices,
+        check_sizes=False,
+    )
+
+
+def sent_bytes(policy: CommPolicy) -> tuple[int, int]:
+    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded)."""
+    sites = [s for name, s in policy.stats.sites.items() if not name.endswith(".recv")]
+    return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
+
+
+AXES = ("tp", "pp", "dp")
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Linear warmup, then cosine decay from train.lr to train.min_lr."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def train_dtype(cfg: Config) -> torch.dtype:
+    """The compute dtype of `train.dtype`; pipeline activations and their gradients travel in it."""
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.dtype.value]

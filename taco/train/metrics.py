@@ -1,0 +1,91 @@
+"""Rank 0's record of a run: progress lines, `metrics.jsonl`, TensorBoard, and captured TP tensors.
+
+Why this file exists: the trainer's loop produces one record per step; how that record is shown
+and stored (and how sampled TP tensors are saved for calibration) is kept here, so the loop in
+`trainer.py` reads as the algorithm it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from taco.train.build import AXES
+
+
+class MetricsLogger:
+    """Rank 0's outputs: progress lines on stdout, `metrics.jsonl` and TensorBoard scalars.
+
+    On other ranks (`enabled=False`) every method is a no-op.
+    """
+
+    def __init__(self, out_dir: Path, enabled: bool, steps: int, tensorboard: bool = True) -> None:
+        self.enabled, self.steps = enabled, steps
+        self.jsonl = None
+        self.tb = None
+        if not enabled:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(out_dir / "metrics.jsonl", "a")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out_dir / "tb"))
+            except Exception as e:  # noqa: BLE001 - TensorBoard is optional
+                print(f"[taco] TensorBoard disabled: {e}", flush=True)
+
+    def write(self, rec: dict[str, Any]) -> None:
+        """Append one step's record (`step` plus numbers) to metrics.jsonl and TensorBoard."""
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(rec) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, rec["step"])
+
+    def progress(self, rec: dict[str, Any], tokens_per_s: float, eta_s: float) -> None:
+        """One progress line: bar, loss, validation loss if any, lr, tok/s, wire/raw MiB per axis, eta."""
+        if not self.enabled:
+            return
+        step = rec["step"]
+        bar = "#" * int(20 * step / self.steps)
+        val = f" val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
+        wire = " ".join(
+            f"{a} {rec[f'{a}_wire_bytes'] / 2**20:.2f}/{rec[f'{a}_raw_bytes'] / 2**20:.2f}"
+            for a in AXES
+            if rec[f"{a}_raw_bytes"]
+        )
+        print(
+            f"[{bar:<20}] step {step:>5}/{self.steps} loss {rec['loss']:.4f}{val} lr {rec['lr']:.2e} "
+            f"{tokens_per_s:,.0f} tok/s wire/raw MiB/step {wire or '-'} eta {eta_s:.0f}s",
+            flush=True,
+        )
+
+    def close(self) -> None:
+        if self.jsonl:
+            self.jsonl.close()
+        if self.tb:
+            self.tb.close()
+
+
+def capture_fn(out: Path, every: int, step: Callable[[], int]) -> Callable[[str, torch.Tensor], None]:
+    """A TP capture hook saving the tensor of each site every `every` steps (`step()` says which).
+
+    Install it on one rank (TP rank 0 of DP replica 0): activations forward and activation
+    gradients backward land in `out/{site}.step{N}.pt`, on the CPU, for calibration and SQNR.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+
+    def capture(site: str, x: torch.Tensor) -> None:
+        n = step()
+        if n % every == 0:
+            torch.save(x.detach().to("cpu").clone(), out / f"{site}.step{n}.pt")
+
+    return capture
