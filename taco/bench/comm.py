@@ -12,8 +12,8 @@ bf16 elements, about the ratio of GPU codecs to the slowest TP link of a cluster
 
 Columns: median time over `--repeats` (the slowest rank of each repeat), algbw = message bytes /
 time, wire = bytes this rank sent, SQNR against an fp32 reduction, codec time per call, the uint8
-buffers the first call allocated (`buf MB`; later calls of the site reuse them, `buffers_repeat`
-in the JSON is 0). On CPU torch has no allocator statistics, so temporaries inside the codec
+buffers the first call allocated (`buf MB`, in the cache's size classes; later calls reuse them,
+`buffers_repeat` in the JSON is 0). On CPU torch has no allocator statistics, so temporaries inside the codec
 (fp32 working copies, decoded chunks) are not in that figure.
 """
 

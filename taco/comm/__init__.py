@@ -6,15 +6,18 @@
     taco.comm.send(x, dst); y = taco.comm.recv(like, src)         # pipeline activations
     policy = taco.comm.CommPolicy(overrides={"layers.*.mlp.down.fwd": "none"}, min_bytes=1 << 16)
     y = taco.comm.all_reduce(x, group, site="layers.0.attn.out.fwd", policy=policy)
-    print(policy.stats.summary())
+    print(policy.stats.summary())   # per site; NaN/Inf checked counts; buffer high-water line
 
-codec=None/"none" is the plain torch.distributed collective, bit-identical.
+codec=None/"none" is the plain torch.distributed collective, bit-identical. A policy's buffers are
+shared by its sites and capped (`CommPolicy.max_cached_bytes`); results are checked for NaN/Inf on
+a sample of the calls (`CommPolicy.nonfinite_check_every`).
 """
 
+from .buffers import BufferCache, bucket_bytes
 from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter
 from .handles import Handle
 from .p2p import recv, send
-from .policy import BufferCache, CommPolicy, make_codec
+from .policy import CommPolicy, make_codec
 from .stats import CommStats, SiteStats
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "SiteStats",
     "all_gather",
     "all_reduce",
+    "bucket_bytes",
     "make_codec",
     "recv",
     "reduce_scatter",

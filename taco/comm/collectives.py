@@ -4,7 +4,10 @@ Why this file exists: it is the public face of `taco.comm` (DESIGN.md 2.1). Each
 codec (the argument when given; else the policy, or "taco" without one), validates, and runs either
 the plain torch.distributed collective (codec None/"none": bit-identical, on a copy) or the
 compressed algorithm of `compressed.py`. Inputs are never modified; results are new tensors in
-the input dtype. A group of one rank returns a copy without communicating or quantizing.
+the input dtype. The plain path copies no more than the collective needs: all_reduce (in place in
+torch.distributed) copies x once into its result; all_gather and reduce_scatter write straight
+into a fresh result (one transposing copy when dim is not the leading dim); send/recv copy nothing
+for contiguous tensors. A group of one rank returns a copy without communicating or quantizing.
 Inputs the compressed path cannot serve (float64, sparse) take the plain collective with one
 `taco.comm` log line per (site, reason).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import math
 import zlib
 from collections.abc import Callable
 
@@ -22,6 +26,7 @@ import torch.distributed as dist
 
 from ..codec import Codec
 from ..codec.base import FLOAT_DTYPES
+from .buffers import BufferCache
 from .compressed import (
     Ctx,
     all_gather_into,
@@ -31,7 +36,7 @@ from .compressed import (
     reduce_scatter_steps,
 )
 from .handles import Handle, Steps
-from .policy import BufferCache, CodecSpec, CommPolicy, default_slices, make_codec
+from .policy import CodecSpec, CommPolicy, default_slices, make_codec
 from .stats import Clock
 
 log = logging.getLogger("taco.comm")
@@ -95,6 +100,8 @@ class _Call:
         self.site = policy.stats.site(self.name) if policy is not None else None
         if self.site is not None:
             self.site.calls += 1
+        # sampled NaN/Inf check of the result, decided now (async results arrive out of order)
+        self.check = self.site is not None and self.site.due(policy.nonfinite_check_every)
         self.clock = policy.stats.clock(self.site, x.device) if policy else Clock(None, False, x.device)
         if self.codec is not None and x.dtype not in FLOAT_DTYPES:
             self.fallback(f"dtype {x.dtype} is not supported by the codecs")
@@ -145,14 +152,17 @@ class _Call:
             self.site.raw_bytes += raw
             self.site.wire_bytes += wire if wire is not None else raw if self.codec is None else 0
 
-    def ctx(self) -> Ctx:
-        buffers = self.policy.buffers if self.policy is not None else BufferCache(reuse=False)
+    def ctx(self, message_bytes: int) -> Ctx:
+        """The compressed path's context; `message_bytes` (the larger of the call's input and
+        output) sets the buffer cache's automatic cap. Calls without a policy reuse nothing."""
+        buffers = self.policy.buffers if self.policy is not None else BufferCache(max_cached_bytes=0)
+        buffers.note_message(message_bytes)
         return Ctx(self.group, self.world, self.rank, self.codec, self.name, self.site, self.clock, buffers)
 
     def run(self, steps: Steps | torch.Tensor, async_op: bool) -> torch.Tensor | Handle:
         """Start the steps (or wrap a ready result); the handle, or its result when not async."""
         h = Handle(result=steps) if isinstance(steps, torch.Tensor) else Handle.start(steps)
-        if self.site is not None:
+        if self.check:
             h.then(self.site.note_result)
         return h if async_op else h.wait()
 
@@ -182,6 +192,12 @@ def _dim(op: str, x: torch.Tensor, dim: int) -> int:
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"taco.comm.{op}: dim={dim} is out of range for a {x.dim()}-d tensor")
     return dim % x.dim()
+
+
+def _leading(x: torch.Tensor, dim: int) -> bool:
+    """True when every dim before `dim` has size 1: splitting x along dim cuts its memory into
+    consecutive blocks, so a plain gather/scatter along dim needs no transposing copy."""
+    return math.prod(x.shape[:dim]) == 1
 
 
 def _bytes(x: torch.Tensor) -> int:
@@ -234,7 +250,7 @@ def all_reduce(
         y = flat.view(xm.shape)
         return y.movedim(-1, axis).contiguous() if moved else y
 
-    return call.run(_then(all_reduce_steps(call.ctx(), src, dst, k), shape_back), async_op)
+    return call.run(_then(all_reduce_steps(call.ctx(_bytes(x)), src, dst, k), shape_back), async_op)
 
 
 def all_gather(
@@ -262,13 +278,27 @@ def all_gather(
     shape = list(x.shape)
     shape[d] *= n
     if call.codec is None:
-        xt = x.movedim(d, 0).contiguous()
-        out = torch.empty((n * xt.shape[0], *xt.shape[1:]), dtype=x.dtype, device=x.device)
-        steps = call.issue(lambda: all_gather_into(out, xt, group=group, async_op=True), out)
-        return call.run(_then(steps, lambda y: y.movedim(0, d).contiguous() if d else y), async_op)
+        xc = x.contiguous()  # a copy only for a non-contiguous x
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        if _leading(x, d):  # the shards are consecutive blocks of the result: gather straight into it
+            steps = call.issue(
+                lambda: all_gather_into(out.view(-1), xc.view(-1), group=group, async_op=True), out
+            )
+            return call.run(steps, async_op)
+        # dim d is inner: gather the shards stacked, then one copy puts them in place along d
+        stacked = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)
+        steps = call.issue(
+            lambda: all_gather_into(stacked.view(-1), xc.view(-1), group=group, async_op=True), stacked
+        )
+
+        def place(t: torch.Tensor) -> torch.Tensor:
+            out.unflatten(d, (n, x.shape[d])).copy_(t.movedim(0, d))
+            return out
+
+        return call.run(_then(steps, place), async_op)
     if x.numel() == 0:
         return call.run(x.new_empty(shape), async_op)
-    return call.run(all_gather_steps(call.ctx(), x, d), async_op)
+    return call.run(all_gather_steps(call.ctx(n * _bytes(x)), x, d), async_op)
 
 
 def reduce_scatter(
@@ -301,10 +331,15 @@ def reduce_scatter(
     shape = list(x.shape)
     shape[d] //= n
     if call.codec is None:
-        xt = x.movedim(d, 0).contiguous()
-        out = torch.empty((xt.shape[0] // n, *xt.shape[1:]), dtype=x.dtype, device=x.device)
-        steps = call.issue(lambda: reduce_scatter_into(out, xt, group=group, async_op=True), out)
-        return call.run(_then(steps, lambda y: y.movedim(0, d).contiguous() if d else y), async_op)
+        if _leading(x, d):  # rank j's piece is already the j-th block of memory
+            xt = x.contiguous()  # a copy only for a non-contiguous x
+        else:  # lay the pieces out one after another: the one copy an inner dim needs
+            xt = x.unflatten(d, (n, shape[d])).movedim(d, 0).contiguous()
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)  # the result, written in place
+        steps = call.issue(
+            lambda: reduce_scatter_into(out.view(-1), xt.view(-1), group=group, async_op=True), out
+        )
+        return call.run(steps, async_op)
     if x.numel() == 0:
         return call.run(x.new_empty(shape), async_op)
-    return call.run(reduce_scatter_steps(call.ctx(), x, d), async_op)
+    return call.run(reduce_scatter_steps(call.ctx(_bytes(x)), x, d), async_op)

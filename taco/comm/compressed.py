@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec
+from .buffers import BufferCache
 from .handles import Steps
-from .policy import BufferCache
 from .stats import Clock, SiteStats
 
 # torch >= 2.13 renamed the *_tensor collectives to *_single (the old names warn); same collectives.
@@ -37,17 +37,17 @@ class Ctx:
     rank: int
     """rank within `group`"""
     codec: Codec
-    key: str
-    """buffer-cache key: the site name, or the op name and shape for unnamed calls"""
+    name: str
+    """the site name, or the op name for calls without a site"""
     site: SiteStats | None
     clock: Clock
     buffers: BufferCache
 
     def take(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
-        return self.buffers.take((self.key, role), nbytes, device)
+        return self.buffers.take(role, nbytes, device)
 
     def give(self, role: str, buf: torch.Tensor) -> None:
-        self.buffers.give((self.key, role), buf)
+        self.buffers.give(role, buf)
 
     def sent(self, nbytes: int) -> None:
         if self.site is not None:

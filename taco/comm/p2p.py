@@ -50,7 +50,7 @@ def send(
             return
     if x.numel() == 0:
         return
-    ctx = call.ctx()
+    ctx = call.ctx(_bytes(x))
     buf = ctx.take("p2p.send", nbytes, x.device)
     with call.clock("encode_s"):
         call.codec.encode(x, out=buf)
@@ -91,13 +91,13 @@ def recv(
     if call.codec is not None:
         if like.numel() == 0:
             return torch.empty_like(like, memory_format=torch.contiguous_format)
-        ctx = call.ctx()
+        ctx = call.ctx(_bytes(like))
         buf = ctx.take("p2p.recv", nbytes, like.device)
         with call.clock("comm_s"):
             dist.recv(buf, src, group=group)
         with call.clock("decode_s"):
             out = call.codec.decode(call.codec.wrap(buf, like.shape, like.dtype))
         ctx.give("p2p.recv", buf)
-    if call.site is not None:
+    if call.check:
         call.site.note_result(out)
     return out

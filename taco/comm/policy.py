@@ -3,8 +3,8 @@
 Why this file exists: TP traffic differs per site (DESIGN.md 1.3-1.4): a down-projection gradient
 may need "none" while attention outputs take "taco", and messages below a size are cheaper
 uncompressed. A `CommPolicy` holds that decision (default codec, fnmatch overrides, `min_bytes`,
-`slices`) together with its `CommStats` and a `BufferCache`; nothing is global, so two policies
-can coexist in one process (e.g. a TP policy and a PP policy).
+`slices`) together with its `CommStats` and a `BufferCache` shared by all its sites; nothing is
+global, so two policies can coexist in one process (e.g. a TP policy and a PP policy).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..codec import Codec, NoneCodec, get_codec
+from .buffers import BufferCache
 from .stats import CommStats
 
 DEFAULT_SLICES = 4
@@ -65,33 +66,6 @@ def default_slices(nbytes: int, most: int = DEFAULT_SLICES, min_bytes: int = MIN
     return max(1, min(most, nbytes // min_bytes))
 
 
-class BufferCache:
-    """uint8 send/receive buffers reused across calls, keyed by (site, role, nbytes, device).
-
-    A call `take`s its buffers and `give`s them back once its transfers are waited on, so a
-    repeated call of the same site and size allocates nothing, and two calls in flight at once
-    (async handles, slices) never share a buffer. On CUDA a buffer returns to the cache after the
-    host has enqueued its last use; the next user enqueues on the same (current) stream, after it.
-    `allocated_bytes` counts every byte this cache ever allocated (the extra memory of the calls).
-    """
-
-    def __init__(self, reuse: bool = True) -> None:
-        self.reuse = reuse
-        self.allocated_bytes = 0
-        self._free: dict[tuple, list[torch.Tensor]] = {}
-
-    def take(self, key: tuple, nbytes: int, device: torch.device) -> torch.Tensor:
-        free = self._free.get((*key, nbytes, str(device)))
-        if free:
-            return free.pop()
-        self.allocated_bytes += nbytes
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def give(self, key: tuple, buf: torch.Tensor) -> None:
-        if self.reuse:
-            self._free.setdefault((*key, buf.numel(), str(buf.device)), []).append(buf)
-
-
 @dataclass
 class CommPolicy:
     """Per-site codec choice for `taco.comm` calls made with `policy=...` and `codec` left default.
@@ -121,10 +95,19 @@ class CommPolicy:
     """exchange shape/dtype/codec before each call and raise ValueError on a mismatch across
     ranks (gloo would abort the process): one extra tiny collective per call, and a host sync
     on CUDA. None: on for CPU tensors, off for CUDA."""
+    max_cached_bytes: int | None = None
+    """most idle bytes the buffer cache keeps between calls (buffers of the calls in flight come
+    on top). None: 4 x the largest message seen, a message being the larger of a compressed
+    call's input and output bytes (a call's buffers are about 1.5x that: two calls' worth fit);
+    an int: that many bytes; 0: buffers are never reused."""
+    nonfinite_check_every: int = 16
+    """check the result of every k-th call of each site (calls 1, k+1, 2k+1, ...) for NaN/Inf,
+    one extra read of the result per checked call; 1: every call, 0: never (`SiteStats.checked`)"""
     stats: CommStats = field(default_factory=CommStats)
-    """per-site statistics of the calls made with this policy"""
-    buffers: BufferCache = field(default_factory=BufferCache)
-    """send/receive buffers reused across calls"""
+    """per-site statistics of the calls made with this policy (its summary ends with the
+    buffer cache's high-water line)"""
+    buffers: BufferCache = field(init=False, repr=False)
+    """send/receive buffers reused across calls and sites, capped by `max_cached_bytes`"""
 
     def __post_init__(self) -> None:
         if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int) or self.min_bytes < 0:
@@ -133,6 +116,11 @@ class CommPolicy:
             raise ValueError(f"slices must be an int >= 1, got {self.slices!r}")
         if not isinstance(self.min_slice_bytes, int) or self.min_slice_bytes < 1:
             raise ValueError(f"min_slice_bytes must be an int >= 1, got {self.min_slice_bytes!r}")
+        k = self.nonfinite_check_every
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"nonfinite_check_every must be an int >= 0, got {k!r}")
+        self.buffers = BufferCache(self.max_cached_bytes)  # validates the cap
+        self.stats.buffers = self.buffers
         # Build every codec now: a typo fails at construction, not at the first call of a site.
         self._default = make_codec(self.codec, self.options)
         self._overrides = [(glob, make_codec(spec)) for glob, spec in self.overrides.items()]
@@ -169,5 +157,6 @@ class CommPolicy:
         over = ", ".join(f"{g}: {c.spec if c else 'none'}" for g, c in self._overrides)
         return (
             f"CommPolicy(codec={codec}, overrides={{{over}}}, min_bytes={self.min_bytes}, "
-            f"slices={self.slices}, min_slice_bytes={self.min_slice_bytes})"
+            f"slices={self.slices}, min_slice_bytes={self.min_slice_bytes}, "
+            f"max_cached_bytes={self.max_cached_bytes}, nonfinite_check_every={self.nonfinite_check_every})"
         )

@@ -3,7 +3,8 @@
 Why this file exists: whether compression pays off is decided per call site (DESIGN.md 1.4):
 bytes saved against codec time, fallbacks, non-finite results. The numbers live in a `CommStats`
 owned by a `CommPolicy` (no global state), keyed by site name (`layers.3.mlp.down.fwd`), or by
-the operation name for calls without a site.
+the operation name for calls without a site. NaN/Inf results are looked for in a sample of the
+calls (`CommPolicy.nonfinite_check_every`), and the summary says how many were checked.
 
 Timing never adds device syncs on CUDA unless `CommStats(timing=True)`; on CPU every op is
 synchronous, so wall-clock phases are exact and timing is on by default.
@@ -37,12 +38,21 @@ class SiteStats:
     """time issuing transfers and blocked waiting for them"""
     fallbacks: int = 0
     """calls that wanted a codec but ran the plain collective (see the `taco.comm` log)"""
+    checked: int = 0
+    """calls whose floating-point result was checked for NaN/Inf: with a policy, one call in
+    `CommPolicy.nonfinite_check_every` (calls 1, k+1, 2k+1, ... of the site), compressed or
+    plain; results without elements or not floating-point are never checked"""
     _nonfinite: int = 0
     _pending: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def nonfinite(self) -> int:
-        """Calls whose result held NaN/Inf (device counters are read here, not per call)."""
+        """Checked calls whose result held NaN/Inf (at least one element), out of `checked`.
+
+        A sampled count: with k > 1 a zero says the checked calls were finite, not every call.
+        On CUDA the flags of checked calls are summed on the device and read here (one host
+        sync per read), never per call.
+        """
         if self._pending is not None:
             self._nonfinite += int(self._pending.item())
             self._pending = None
@@ -53,15 +63,23 @@ class SiteStats:
         """raw_bytes / wire_bytes: the wire saving of this site (1.0 for plain traffic)."""
         return self.raw_bytes / self.wire_bytes if self.wire_bytes else 1.0
 
+    def due(self, every: int) -> bool:
+        """Whether the current (the `calls`-th) call of the site is checked: calls 1, 1+every, ..."""
+        return every > 0 and (self.calls - 1) % every == 0
+
     def note_result(self, y: torch.Tensor) -> None:
-        """Count a non-finite result without a device sync (CUDA flags are summed lazily)."""
+        """Check one call's result for NaN/Inf: one reduction (`aminmax`, NaN-propagating) reading
+        y once, no full-size temporary, no host sync on CUDA (the flag is summed on the device)."""
         if y.numel() == 0 or not y.is_floating_point() or y.layout != torch.strided:
             return
-        flag = torch.logical_not(torch.isfinite(y)).any()
+        self.checked += 1
+        lo, hi = torch.aminmax(y)
+        bad = torch.logical_not(torch.logical_and(torch.isfinite(lo), torch.isfinite(hi)))
         if y.device.type == "cpu":
-            self._nonfinite += int(flag)
+            self._nonfinite += int(bad)
         else:
-            self._pending = flag.int() if self._pending is None else self._pending + flag.int()
+            bad = bad.to(torch.int64)
+            self._pending = bad if self._pending is None else self._pending.add_(bad)
 
     def add(self, other: SiteStats) -> None:
         for f in fields(self):
@@ -104,6 +122,8 @@ class CommStats:
         self.timing = timing
         """True: time phases (syncing CUDA around each); False: never; None: CPU only"""
         self.sites: dict[str, SiteStats] = {}
+        self.buffers: Any = None
+        """the owning policy's `BufferCache` (set by `CommPolicy`): its line ends the summary"""
 
     def site(self, name: str) -> SiteStats:
         s = self.sites.get(name)
@@ -134,9 +154,14 @@ class CommStats:
         self.sites.clear()
 
     def summary(self) -> str:
-        """A fixed-width table, one row per site and a total row."""
+        """A fixed-width table, one row per site and a total row, then the buffer line.
+
+        `checked` and `nonfin` are the calls whose result was checked for NaN/Inf and those
+        that held one (see `SiteStats.checked`); the last line is `BufferCache.describe()`:
+        "buffers: high-water X MiB held, Y MiB cached (cap Z MiB[, auto 4 x largest message])".
+        """
         head = ("site", "calls", "raw MB", "wire MB", "ratio")
-        head += ("enc ms", "dec ms", "comm ms", "fallback", "nonfin")
+        head += ("enc ms", "dec ms", "comm ms", "fallback", "checked", "nonfin")
         rows = [(name, s) for name, s in sorted(self.sites.items())] + [("total", self.total())]
         width = max([len(head[0])] + [len(n) for n, _ in rows])
         lines = [f"{head[0]:<{width}} " + " ".join(f"{h:>8}" for h in head[1:])]
@@ -150,9 +175,12 @@ class CommStats:
                 f"{s.decode_s * 1e3:>8.1f}",
                 f"{s.comm_s * 1e3:>8.1f}",
                 f"{s.fallbacks:>8d}",
+                f"{s.checked:>8d}",
                 f"{s.nonfinite:>8d}",
             )
             lines.append(f"{name:<{width}} " + " ".join(vals))
+        if self.buffers is not None:
+            lines.append(self.buffers.describe())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
