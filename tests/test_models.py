@@ -331,8 +331,8 @@ def test_model_config_translates_the_neutral_sizes() -> None:
 
 def test_trainer_builds_what_build_model_builds() -> None:
     """One translation: the trainer's model of `--model.preset=X` is `build_model(X)`."""
-    from taco.train.config import load_config
     from taco.train.build import build_model as build_for_run
+    from taco.train.config import load_config
 
     for name in PRESETS:
         cfg = load_config(None, [f"--model.preset={name}"])
