@@ -1,110 +1,235 @@
 #!/usr/bin/env bash
-# GPU check of taco.kernels (issue #6), one script, < 8 minutes on one H200:
-#   1. the kernel tests on CUDA (Triton compiled for the GPU, not interpreted);
-#   2. throughput of the fused Triton encode / decode / decode-sum-encode (N=4) for the taco and
-#      int8-hadamard codecs on bf16 messages of 16, 64 and 256 MiB, each as a fraction of a
-#      device-to-device copy of the same message in the same run (time ratio and bandwidth ratio);
-#   3. a tile-size sweep (TACO_TRITON_TILE) at 64 MiB, to tune the default.
-# It installs nothing: torch and triton are expected on the machine; the repo is put on PYTHONPATH.
+# The one prepared GPU measurement of TACO-TP (issue 11): one H100/H200, well under 8 minutes.
 #
-# Usage: bash benchmarks/gpu_check.sh             # on a CUDA machine
-#        bash benchmarks/gpu_check.sh --dry-run   # anywhere: CPU, tiny sizes, Triton interpreter
-set -euo pipefail
-cd "$(dirname "$0")/.."
-DRY=0
-if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export DRY
+# What it measures (each step runs under `timeout`; a failing step is recorded and the next one
+# runs; the summary table comes last):
+#   step              GPU budget  what
+#   setup                 40 s    versions (python, torch, CUDA, triton, GPU via nvidia-smi and
+#                                 torch); installs the repo with `pip install --no-deps
+#                                 --no-build-isolation --no-index -e .` if `import taco` fails
+#                                 (a failed install is reported; the repo is on PYTHONPATH anyway)
+#   kernel-tests         120 s    pytest tests/test_kernels.py with Triton compiled for the GPU
+#                                 (skipped, with the reason, if pytest is missing)
+#   codec-bandwidth       70 s    encode / decode / fused decode-sum-encode (N=8: 7 received chunks
+#                                 + own) of 16, 64 and 256 MiB bf16 messages, for every codec that
+#                                 taco.kernels serves with a Triton kernel, as time ratios to a
+#                                 device-to-device copy of the message measured in the same run
+#   host-overhead         30 s    CPU time to issue one codec.encode + codec.decode at 0.25-4 MiB vs
+#                                 the GPU time of the kernels (launch/host overhead)
+#   allreduce-replay      60 s    one rank of an N=8 two-shot all-reduce of 64 MiB bf16, compute only
+#                                 (7 encodes, decode-sum-encode fused and unfused, 8 decodes) against
+#                                 a D2D copy of the message (benchmarks/gpu_check.py replay)
+#   train-data            25 s    offline data: $TACO_GPU_DATA (a prepared data dir with meta.json,
+#                                 or a .txt file / directory of .txt) or else a generated 1 MB corpus,
+#                                 tokenized by `taco data prepare --text` (no network needed)
+#   train                 80 s    `taco train --config configs/demo.toml --train.device=cuda
+#                                 --train.steps=30 --parallel.tp=1` on that data (world 1), then
+#                                 checks parameters on CUDA (checkpoint), loss falls, prints tok/s
+#   total                425 s    (+ at most 5 s of kill grace per step: 460 s < 8 min)
+# Timings (benchmarks/gpu_check.py): CUDA events around back-to-back calls queued behind a sleep
+# kernel (GPU time without launch gaps), median of repeats after a warm-up.
+#
+# Usage:
+#   bash benchmarks/gpu_check.sh [--out DIR]   # on a CUDA machine; DIR default: $OUT, else runs/gpu_check
+#   bash benchmarks/gpu_check.sh --dry-run     # anywhere: CPU, tiny sizes, TRITON_INTERPRET=1 (~1.5 min
+#                                              # on 2 cores; tests/test_gpu_check.py runs it)
+#   TACO_GPU_DATA=/path/to/data bash benchmarks/gpu_check.sh   # train on your own offline data
+# Writes DIR/gpu_check.log (everything printed), DIR/summary.json (one record per step),
+# DIR/steps/<step>.log and DIR/train/ (metrics.jsonl, summary.json, config.toml of the smoke run).
+# Exit status: 0 when no step failed, 1 otherwise. Needs bash, coreutils `timeout` and python.
+set -uo pipefail # no -e: every step runs, whatever the previous ones did
 
-if [[ $DRY == 0 ]]; then
-  export TRITON_INTERPRET=0  # tests/conftest.py would otherwise turn the interpreter on
-  python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: use --dry-run')"
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  echo "== kernel tests on CUDA"
-  timeout 360 python -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+DRY=0
+OUT_DIR=${OUT:-}
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --dry-run) DRY=1 ;;
+    --out) OUT_DIR=${2:?--out needs a directory}; shift ;;
+    --out=*) OUT_DIR=${1#--out=} ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+OUT_DIR=${OUT_DIR:-$ROOT/runs/gpu_check}
+mkdir -p "$OUT_DIR/steps" || exit 2
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+LOG=$OUT_DIR/gpu_check.log
+: >"$LOG"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/taco-gpu-check.XXXXXX") || exit 2
+trap 'rm -rf "$WORK"' EXIT
+
+export ROOT DRY WORK OUT_DIR
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+if [[ $DRY == 1 ]]; then
+  export TRITON_INTERPRET=1 DEV=cpu FLAG=--dry-run
+  export TRAIN_STEPS=30 CORPUS_MB=0.3 VOCAB=512
+  T_SETUP=60 T_TESTS=150 T_BW=120 T_HOST=120 T_REPLAY=150 T_DATA=60 T_TRAIN=150
 else
-  export TRITON_INTERPRET=1
-  echo "== dry run: interpreter tests"
-  timeout 300 python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k "triton or decode_sum_encode"
+  export TRITON_INTERPRET=0 DEV=cuda FLAG= # tests/conftest.py would otherwise turn the interpreter on
+  export TRAIN_STEPS=30 CORPUS_MB=1 VOCAB=2048
+  T_SETUP=40 T_TESTS=120 T_BW=70 T_HOST=30 T_REPLAY=60 T_DATA=25 T_TRAIN=80
 fi
 
-echo "== throughput (fraction of a device-to-device copy of the same bf16 message)"
-timeout 240 python - <<'PY'
-import os
+# -- the steps (each runs as `bash -c step_x` under timeout) ---------------------------------------
+step_setup() {
+  echo "mode: $([[ $DRY == 1 ]] && echo "dry run (CPU, Triton interpreter)" || echo GPU)"
+  echo "repo: $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "no git"))"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  else
+    echo "nvidia-smi: not found"
+  fi
+  if (cd / && env -u PYTHONPATH python -c "import taco" 2>/dev/null); then
+    echo "taco: importable without PYTHONPATH (installed)"
+  elif [[ $DRY == 1 ]]; then
+    echo "taco: not installed; the dry run installs nothing (PYTHONPATH=$ROOT)"
+  else
+    echo "taco: not installed: pip install --no-deps --no-build-isolation --no-index -e ."
+    if timeout 30 python -m pip install -q --no-deps --no-build-isolation --no-index -e "$ROOT"; then
+      echo "taco: installed"
+    else
+      echo "taco: install failed; using PYTHONPATH=$ROOT"
+    fi
+  fi
+  python benchmarks/gpu_check.py versions
+}
 
-import torch
+step_kernel_tests() {
+  if ! python -c "import pytest" 2>/dev/null; then
+    echo "KEY pytest is not installed"
+    exit 77
+  fi
+  local sel=() out=$WORK/pytest.out
+  [[ $DRY == 1 ]] && sel=(-k "triton or decode_sum_encode") # the interpreted Triton tests only
+  python -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py "${sel[@]}" 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  if [[ $DRY == 0 ]] && grep -q "needs CUDA" "$out"; then
+    echo "KEY the CUDA tests were skipped: torch sees no GPU"
+    exit 1
+  fi
+  exit "$rc"
+}
 
-import taco
-import taco.kernels as K
+step_data() {
+  local spec=${TACO_GPU_DATA:-}
+  if [[ -n $spec && -f $spec/meta.json ]]; then
+    python -c "import sys; from taco.train.data import load_meta; m = load_meta(sys.argv[1]); \
+print(f\"KEY TACO_GPU_DATA tokens: train {m['train_tokens']:,}, vocab {m['vocab_size']}\")" "$spec" || exit 1
+    echo "--data.dataset=tokens --data.path=$spec" >"$WORK/data_args"
+    return 0
+  fi
+  local text=$WORK/corpus
+  if [[ -n $spec ]]; then
+    [[ -e $spec ]] || { echo "KEY TACO_GPU_DATA=$spec does not exist"; exit 1; }
+    text=$spec
+    echo "text corpus from TACO_GPU_DATA: $text"
+  else
+    python benchmarks/gpu_check.py corpus "$text" --mb "$CORPUS_MB" || exit 1
+  fi
+  python -m taco.cli data prepare --text "$text" --cache-dir "$WORK/data-cache" --vocab-size "$VOCAB" \
+    2>&1 | tee "$WORK/prepare.out"
+  [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
+  echo "--data.dataset=text --data.path=$text --data.vocab_size=$VOCAB --data.cache_dir=$WORK/data-cache" \
+    >"$WORK/data_args"
+  local what="generated ${CORPUS_MB} MB corpus"
+  [[ -n $spec ]] && what="TACO_GPU_DATA text"
+  echo "KEY $what:$(grep -o 'train.bin [0-9,]* tokens' "$WORK/prepare.out" | sed 's/train.bin//'), vocab $VOCAB"
+}
 
-dry = os.environ["DRY"] == "1"
-dev = torch.device("cpu" if dry else "cuda")
-sizes_mib = [1 / 64] if dry else [16, 64, 256]
-reps = 2 if dry else 20
+step_train() {
+  if [[ ! -f $WORK/data_args ]]; then
+    echo "KEY no data set: the train-data step failed"
+    exit 77
+  fi
+  local run=$WORK/run
+  rm -rf "$run"
+  # shellcheck disable=SC2046 # data_args is a list of --key=value words without spaces
+  python -m taco.cli train --config configs/demo.toml --train.device="$DEV" --train.steps="$TRAIN_STEPS" \
+    --parallel.tp=1 $(cat "$WORK/data_args") --train.out_dir="$run" --train.eval_interval="$TRAIN_STEPS" \
+    --train.eval_steps=2 --train.log_interval=10 --train.checkpoint_interval="$TRAIN_STEPS" \
+    --train.resume=false
+  local rc=$?
+  mkdir -p "$OUT_DIR/train"
+  for f in metrics.jsonl summary.json config.toml comm_stats.txt; do
+    [[ -f $run/$f ]] && cp "$run/$f" "$OUT_DIR/train/"
+  done
+  if [[ $rc != 0 ]]; then
+    if ! python -c "import dataclasses, sys; from taco.train.config import TrainConfig; \
+sys.exit('device' not in {f.name for f in dataclasses.fields(TrainConfig)})"; then
+      echo "KEY train.device is not a config key on this branch (added by a parallel branch)"
+    fi
+    exit "$rc"
+  fi
+  python benchmarks/gpu_check.py train-check "$run" --device "$DEV"
+}
+export -f step_setup step_kernel_tests step_data step_train
 
+# -- the runner ------------------------------------------------------------------------------------
+NAMES=() STATUS=() SECS=() TMOS=() RCS=() KEYS=()
 
-def timed(fn) -> float:
-    """Mean seconds per call after a warm-up (CUDA events on the GPU)."""
-    fn()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
-    import time
+run_step() { # name timeout_s command...
+  local name=$1 tmo=$2
+  shift 2
+  local slog=$OUT_DIR/steps/$name.log
+  : >"$slog"
+  printf '\n=== [%s] timeout %ss: %s\n' "$name" "$tmo" "$*" | tee -a "$LOG"
+  local t0 t1 rc status keys
+  t0=$(date +%s.%N)
+  timeout -k 5 "$tmo" "$@" </dev/null 2>&1 | tee -a "$LOG" "$slog"
+  rc=${PIPESTATUS[0]}
+  t1=$(date +%s.%N)
+  keys=$(sed -n 's/^KEY //p' "$slog" | paste -sd '|' - | sed 's/|/ | /g')
+  case $rc in
+    0) status=ok ;;
+    77) status="skipped: ${keys:-see log}" keys= ;;
+    124 | 137) status="FAILED rc=$rc (timeout ${tmo}s)" ;;
+    *) status="FAILED rc=$rc" ;;
+  esac
+  if [[ -z $keys && $rc != 77 ]]; then # e.g. pytest's last line, or the error of a failed step
+    keys=$(grep -v '^\s*$' "$slog" | tail -n 1 | cut -c1-160)
+  fi
+  NAMES+=("$name") STATUS+=("$status") RCS+=("$rc") TMOS+=("$tmo") KEYS+=("$keys")
+  SECS+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')")
+}
 
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
+START=$(date +%s)
+run_step setup "$T_SETUP" bash -c step_setup
+run_step kernel-tests "$T_TESTS" bash -c step_kernel_tests
+run_step codec-bandwidth "$T_BW" python benchmarks/gpu_check.py bandwidth $FLAG
+run_step host-overhead "$T_HOST" python benchmarks/gpu_check.py host $FLAG
+run_step allreduce-replay "$T_REPLAY" python benchmarks/gpu_check.py replay $FLAG
+run_step train-data "$T_DATA" bash -c step_data
+run_step train "$T_TRAIN" bash -c step_train
+TOTAL=$(($(date +%s) - START))
 
+# -- summary: a table on stdout (and in the log), JSON in OUT_DIR ----------------------------------
+FAILED=0
+for st in "${STATUS[@]}"; do [[ $st == FAILED* ]] && FAILED=$((FAILED + 1)); done
+{
+  printf '\n=== summary (%s, %ss in all; log %s)\n' "$([[ $DRY == 1 ]] && echo dry-run || echo gpu)" "$TOTAL" "$LOG"
+  printf '%-17s %-34s %7s  %s\n' step status seconds "key figures"
+  for i in "${!NAMES[@]}"; do
+    printf '%-17s %-34s %7s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${KEYS[$i]}"
+  done
+} | tee -a "$LOG"
 
-def row(name: str, mib: float) -> None:
-    c = taco.get_codec(name, backend="triton")
-    assert K._path(c, dev) == "triton", "the Triton kernels are not the path in use"
-    n = int(mib * 2**20) // 2  # bf16 elements
-    x = torch.randn(n, device=dev, dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    buf = torch.empty(c.nbytes(n), dtype=torch.uint8, device=dev)
-    t_copy = timed(lambda: y.copy_(x))
-    t_enc = timed(lambda: K.encode_into(c, x, buf))
-    t_dec = timed(lambda: K.decode_from(c, buf, n, torch.bfloat16))
-    m = n // 4  # all-reduce middle step with N = 4 ranks: 4 chunks of n/4 elements
-    bufs = torch.cat([c.encode(x[k * m : (k + 1) * m]).data for k in range(4)])
-    out = torch.empty(c.nbytes(m), dtype=torch.uint8, device=dev)
-    t_dse = timed(lambda: K.decode_sum_encode(c, bufs, m, out=out))
-    copy_bw = 4 * n / t_copy  # bytes read + written by the copy, per second
-    moved = {"encode": 2 * n + buf.numel(), "decode": buf.numel() + 2 * n, "dse(N=4)": bufs.numel() + out.numel()}
-    times = {"encode": t_enc, "decode": t_dec, "dse(N=4)": t_dse}
-    cells = [f"{op} {t_copy / t:5.2f}x-time {moved[op] / t / copy_bw:5.2f}x-bw" for op, t in times.items()]
-    print(f"{name:14s} {mib:7.3f} MiB  copy {copy_bw / 1e9:8.1f} GB/s  " + "  ".join(cells), flush=True)
-
-
-def code_agreement(name: str) -> None:
-    n = 1 << 23 if not dry else 4096
-    x = torch.randn(n, device=dev, dtype=torch.bfloat16)
-    a = taco.get_codec(name, backend="eager").encode(x).data
-    b = taco.get_codec(name, backend="triton").encode(x).data
-    p = n  # payload bytes (8-bit codes)
-    print(f"{name:14s} codes differing from the eager reference: {(a[:p] != b[:p]).float().mean().item():.2e}")
-
-
-for name in ("taco", "int8-hadamard"):
-    code_agreement(name)
-for name in ("taco", "int8-hadamard"):
-    for mib in sizes_mib:
-        row(name, mib)
-
-if not dry:
-    print("== tile sweep at 64 MiB (TACO_TRITON_TILE = elements per tile)")
-    for tile in ("2048", "4096", "8192", "16384"):
-        os.environ["TACO_TRITON_TILE"] = tile
-        print(f"tile {tile}:", end=" ")
-        row("taco", 64)
-PY
-echo "== gpu_check done"
+for i in "${!NAMES[@]}"; do
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${RCS[$i]}" "${SECS[$i]}" "${TMOS[$i]}" \
+    "${KEYS[$i]}"
+done | python -c '
+import json, sys
+steps = []
+for line in sys.stdin:
+    name, status, rc, secs, tmo, keys = line.rstrip("\n").split("\t")
+    steps.append({"name": name, "status": status, "rc": int(rc), "seconds": float(secs),
+                  "timeout_s": int(tmo), "key": keys})
+mode, total, log, out = sys.argv[1:5]
+json.dump({"mode": mode, "total_s": int(total), "log": log, "steps": steps}, open(out, "w"), indent=2)
+' "$([[ $DRY == 1 ]] && echo dry-run || echo gpu)" "$TOTAL" "$LOG" "$OUT_DIR/summary.json" ||
+  echo "could not write $OUT_DIR/summary.json" | tee -a "$LOG"
+echo "summary: $OUT_DIR/summary.json" | tee -a "$LOG"
+[[ $FAILED == 0 ]]
