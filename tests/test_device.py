@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from taco.train.build import train_dtype
 from taco.train.config import load_config
 from taco.train.data import prepare_text, resolve_data_dir
 from taco.train.trainer import Trainer
@@ -57,6 +58,11 @@ def _meta_step(rank: int, world: int, args: list[str]) -> None:
     for p in trainer.stage.parameters():
         assert p.device.type == "cpu" and p.grad is not None and p.grad.device.type == "cpu", p.shape
     assert val == val and wire["tp"] > 0 and raw["tp"] > wire["tp"], (val, wire, raw)
+    if cfg.parallel.pp > 1 and trainer.dims.pp_rank == 0:  # activations travel in the training dtype
+        m = cfg.model
+        numel = cfg.local_batch_size * (m.seq_len // cfg.parallel.tp) * m.hidden  # [b, s/tp, h] in all
+        sent, want = trainer.policies["pp"].stats["pp.act"].raw_bytes, numel * train_dtype(cfg).itemsize
+        assert sent == want, f"pp.act sent {sent} raw bytes, expected {want} ({cfg.train.dtype})"
 
 
 @pytest.mark.parametrize(
