@@ -309,7 +309,7 @@ class Trainer:
                 raw_sum[a] += st.raw_bytes[a]
                 rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
                 rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
-            if step % t.eval_interval == 0 or step == t.steps:
+            if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
                 rec["val_loss"] = val = self.evaluate()
             if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or step == t.steps):
                 self.save()
