@@ -59,7 +59,7 @@ def init_rank(cfg: Config, local_rank: int, **init: Any) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         init["device_id"] = device  # NCCL communicators bound to this GPU, created eagerly
-    timeout = datetime.timedelta(seconds=300)
+    timeout = datetime.timedelta(seconds=cfg.parallel.timeout_s)
     dist.init_process_group(_backend(cfg, device), timeout=timeout, **init)
     return device
 
@@ -68,7 +68,7 @@ def run_rank(cfg: Config, data_dir: Path, device: torch.device) -> dict[str, Any
     """The whole run on this rank (process group already initialised): build the mesh, fit."""
     from taco.train.trainer import Trainer
 
-    dims = cfg.parallel.dims().build()
+    dims = cfg.parallel.dims().build(timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s))
     return Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device).fit()
 
 
