@@ -7,13 +7,20 @@ share one run (4 steps, checkpoints at steps 2 and 4), copied before being damag
 from __future__ import annotations
 
 import datetime
+import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from taco.cli import main
+from taco.train.checkpoint import load_checkpoint
 from taco.train.config import load_config
-from tests.test_train import TEXT, tiny_args
+from taco.train.errors import CheckpointError
+from taco.train.launch import launch
+from tests.test_train import TEXT, tiny, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 MESH = {"dp": 1, "pp": 1, "tp": 2, "sp": 0}
@@ -27,6 +34,89 @@ def corpus(tmp_path_factory):
     (d / "play.txt").write_text(TEXT)
     prepare_text(d / "play.txt", d / "cache", vocab_size=300, progress=lambda *a: None)
     return d / "play.txt", d / "cache"
+
+
+@pytest.fixture(scope="module")
+def run4(corpus, tmp_path_factory):
+    """A finished 4-step TP=2 run with checkpoints at steps 2 and 4 (copy it before changing it)."""
+    out = tmp_path_factory.mktemp("run4") / "run"
+    launch(tiny(corpus, out, "--train.steps=4", "--train.checkpoint_interval=2", "--train.eval_interval=2"))
+    return out
+
+
+def _copy(run4: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run4, out)
+    return out
+
+
+def _train(capfd, argv: list[str]) -> tuple[int, list[str]]:
+    """`taco train ...` in this process; (exit code, the non-empty lines of stderr, ranks' included)."""
+    code = main(["train", *argv])
+    err = capfd.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+# ----------------------------------------------------------------------------- 1, 3: checkpoints
+
+
+def test_checkpoint_meta_records_rank_mesh_and_checksum_of_every_file(run4):
+    d = run4 / "checkpoints" / "step_0000004"
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["mesh"] == MESH
+    for r, coords in ((0, {"dp": 0, "pp": 0, "tp": 0}), (1, {"dp": 0, "pp": 0, "tp": 1})):
+        e = meta["files"][f"rank{r}.pt"]
+        assert e["rank"] == r and e["coords"] == coords and re.fullmatch(r"[0-9a-f]{64}", e["sha256"])
+        assert e["bytes"] == (d / f"rank{r}.pt").stat().st_size
+    assert not list(run4.rglob("*.tmp"))  # written to temporary names, then renamed
+    assert (run4 / "checkpoints" / "latest").read_text() == "step_0000004"
+
+
+def _flip(f: Path, n: int = 64) -> None:
+    b = bytearray(f.read_bytes())
+    at = len(b) // 2
+    b[at : at + n] = bytes(x ^ 0xFF for x in b[at : at + n])
+    f.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("damage", ["flip", "swap", "missing", "empty"])
+def test_a_damaged_checkpoint_stops_at_start_up_naming_the_file(run4, corpus, tmp_path, capfd, damage):
+    out = _copy(run4, tmp_path)
+    d = out / "checkpoints" / "step_0000004"
+    r0, r1 = d / "rank0.pt", d / "rank1.pt"
+    if damage == "flip":
+        _flip(r0)
+    elif damage == "swap":
+        r0.rename(d / "x")
+        r1.rename(r0)
+        (d / "x").rename(r1)
+    elif damage == "missing":
+        r1.unlink()
+    else:
+        r1.write_bytes(b"")
+    code, err = _train(capfd, [*tiny_args(corpus, out), "--parallel.tp=2", "--train.resume=true"])
+    assert code == 2 and len(err) == 1, err  # one line, before any rank starts
+    name = "rank1.pt" if damage in ("missing", "empty") else "rank0.pt"
+    assert str(d / name) in err[0], err
+    assert {"flip": "sha256", "swap": "rank1.pt's content", "missing": "missing", "empty": "empty"}[
+        damage
+    ] in err[0]
+
+
+def test_a_rank_refuses_another_ranks_shard_even_when_meta_was_rewritten(run4, tmp_path):
+    """The launcher checks the checksums; each rank also checks the rank and coords inside its file."""
+    d = _copy(run4, tmp_path) / "checkpoints" / "step_0000004"
+    (d / "rank0.pt").rename(d / "x")
+    (d / "rank1.pt").rename(d / "rank0.pt")
+    meta = json.loads((d / "meta.json").read_text())
+    f = meta["files"]
+    f["rank0.pt"]["sha256"], f["rank1.pt"]["sha256"] = f["rank1.pt"]["sha256"], f["rank0.pt"]["sha256"]
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"rank0\.pt holds rank 1's shard"):
+        load_checkpoint(d, 0, MESH)
+
+
+# ----------------------------------------------------------------------------- 8: hangs and signals
 
 
 def test_the_process_group_timeout_is_a_config_field(corpus, tmp_path, monkeypatch):
@@ -48,3 +138,20 @@ def test_the_process_group_timeout_is_a_config_field(corpus, tmp_path, monkeypat
     assert load_config(None, tiny_args(corpus, tmp_path)).parallel.timeout_s <= 120  # a hang ends in ~2 min
     with pytest.raises(ValueError, match="parallel.timeout_s"):
         load_config(None, [*tiny_args(corpus, tmp_path), "--parallel.timeout_s=0"])
+
+
+def test_save_writes_meta_and_latest_only_after_every_rank_file(tmp_path, monkeypatch):
+    """A crash while writing a rank file leaves the previous checkpoint as `latest`."""
+    from taco.train.checkpoint import find_checkpoint, save_checkpoint
+
+    st = {"model": {"w": torch.ones(3)}, "opt": {}, "step": 1, "mesh": {"dp": 1, "pp": 1, "tp": 1, "sp": 0}}
+    save_checkpoint(tmp_path, 1, 0, st)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, 2, 0, {**st, "step": 2})
+    assert find_checkpoint(True, tmp_path).name == "step_0000001"
+    assert not (tmp_path / "checkpoints" / "step_0000002" / "meta.json").exists()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from taco.parallel import stage_layers
-from taco.train.checkpoint import check_mesh, find_checkpoint
+from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
 
@@ -105,6 +105,26 @@ def check_start_up(cfg: Config) -> None:
         resolve_device(cfg, p.world_size - 1)
 
 
+def _check_resume(cfg: Config, rank: int | None) -> Path | None:
+    """The checkpoint to resume, verified (all rank files, or only `rank`'s under torchrun); says
+    so when `train.resume = true` finds none. CheckpointError/FileNotFoundError name the problem."""
+    p, t = cfg.parallel, cfg.train
+    resume_dir = find_checkpoint(t.resume, t.out_dir)
+    if resume_dir is None:
+        if t.resume is not False and rank in (None, 0):
+            print(
+                f"[taco] train.resume: no checkpoint in {Path(t.out_dir) / 'checkpoints'}; starting from "
+                "step 0",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    mesh = {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)}
+    check_mesh(resume_dir, mesh)
+    verify_checkpoint(resume_dir, mesh, None if rank is None else [rank])
+    return resume_dir
+
+
 def launch(cfg: Config) -> dict[str, Any]:
     """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank."""
     if not cfg.train.out_dir:
@@ -112,16 +132,16 @@ def launch(cfg: Config) -> dict[str, Any]:
     world = cfg.parallel.world_size
     p = cfg.parallel
     check_start_up(cfg)
-    resume_dir = find_checkpoint(cfg.train.resume, cfg.train.out_dir)
-    if resume_dir is not None:
-        check_mesh(resume_dir, {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)})
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun:
         started = int(os.environ["WORLD_SIZE"])
         if started != world:  # before joining: a wrong mesh must not hang in init_process_group
             raise ValueError(
                 f"parallel.dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {world} but torchrun started {started} "
                 "ranks: change parallel.dp/pp/tp or torchrun's --nproc-per-node/--nnodes"
             )
+    _check_resume(cfg, int(os.environ["RANK"]) if torchrun else None)
+    if torchrun:
         device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
         if dist.get_rank() == 0:
             resolve_data_dir(cfg.data, prepare=True)
