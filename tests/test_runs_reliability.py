@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
+import select
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +144,155 @@ def test_the_process_group_timeout_is_a_config_field(corpus, tmp_path, monkeypat
     assert load_config(None, tiny_args(corpus, tmp_path)).parallel.timeout_s <= 120  # a hang ends in ~2 min
     with pytest.raises(ValueError, match="parallel.timeout_s"):
         load_config(None, [*tiny_args(corpus, tmp_path), "--parallel.timeout_s=0"])
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of `pid` (from /proc)."""
+    parents: dict[int, int] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = set(), [pid]
+    while todo:
+        q = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == q]
+        out.update(kids)
+        todo.extend(kids)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_long_run(corpus, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    argv = [*tiny_args(corpus, out), "--parallel.tp=2", "--train.steps=100000", "--train.log_interval=1"]
+    argv += ["--train.eval_interval=0", *extra]
+    return subprocess.Popen(
+        [sys.executable, "-m", "taco.cli", "train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,  # its own process group, as a job in a terminal
+    )
+
+
+def _wait_first_step(proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+            if " step " in line:
+                return
+            if not line and proc.poll() is not None:
+                break
+    raise AssertionError(f"no step logged (exit code {proc.poll()}): {proc.stderr.read()[-2000:]}")
+
+
+def _finish(proc: subprocess.Popen, kids: set[int], timeout: float) -> tuple[int, list[str], float]:
+    """Wait for the launcher and its ranks; (exit code, stderr lines, seconds); kills leftovers."""
+    t0 = time.time()
+    try:
+        _, err = proc.communicate(timeout=timeout)  # EOF only once every rank closed the pipes too
+        gone = time.time() + 5
+        while any(_alive(k) for k in kids) and time.time() < gone:
+            time.sleep(0.1)
+        left = [k for k in kids if _alive(k)]
+        assert not left, f"ranks still running after the launcher exited: {left}"
+        return proc.returncode, [x for x in err.splitlines() if x.strip()], time.time() - t0
+    finally:
+        for k in [proc.pid, *kids]:
+            if _alive(k):
+                os.kill(k, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_every_rank_with_one_line(corpus, tmp_path, sig):
+    """SIGTERM to the launcher, or Ctrl-C (SIGINT to the whole foreground process group)."""
+    proc = _start_long_run(corpus, tmp_path / "run")
+    try:
+        _wait_first_step(proc)
+        kids = _children(proc.pid)
+        assert sum(_comm(k).startswith("taco-rank") for k in kids) == 2, [_comm(k) for k in kids]
+    except BaseException:
+        _finish(proc, _children(proc.pid), 1)
+        raise
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    code, err, took = _finish(proc, kids, timeout=20)
+    assert code == 128 + sig, (code, err)
+    assert err and re.fullmatch(rf"taco train: stopped by {sig.name}: .*", err[-1]), err
+    assert not any("Traceback" in x for x in err), err
+    assert took < 15, took
+
+
+@pytest.mark.slow  # ~40 s: a rank stopped with SIGSTOP ends the job after parallel.timeout_s
+def test_a_stopped_rank_ends_the_job_after_the_timeout(corpus, tmp_path):
+    proc = _start_long_run(corpus, tmp_path / "run", "--parallel.timeout_s=10")
+    try:
+        _wait_first_step(proc)
+        kids = _children(proc.pid)
+        (rank1,) = [k for k in kids if _comm(k) == "taco-rank1"]
+        os.kill(rank1, signal.SIGSTOP)
+    except BaseException:
+        _finish(proc, _children(proc.pid), 1)
+        raise
+    code, err, took = _finish(proc, kids, timeout=60)
+    assert code == 1 and took < 40, (code, took, err)
+    assert re.fullmatch(r"taco train: error on rank 0: .*", err[-1]), err
+
+
+# ----------------------------------------------------------------------------- 9: rank errors
+
+
+def test_an_error_inside_a_rank_is_one_line_naming_its_traceback_log(corpus, tmp_path, capfd):
+    out = tmp_path / "run"
+    code, err = _train(
+        capfd, [*tiny_args(corpus, out), "--parallel.tp=2", "--compression.tp_codec_options.group_size=7"]
+    )
+    assert code == 1, err
+    want = r"taco train: error on rank ([01]): ValueError: group_size=7 .* \(traceback: (.*)\)"
+    m = re.fullmatch(want, err[-1])
+    assert m, err
+    assert not any("ProcessRaisedException" in x or "Traceback" in x for x in err), err
+    log = Path(m.group(2))
+    assert log == out / f"error_rank{m.group(1)}.log" and "Traceback" in log.read_text()
+
+
+def test_the_root_cause_is_chosen_over_a_dead_peers_connection_errors():
+    from taco.train.procs import pick_error
+
+    comm = {"rank": 0, "type": "DistBackendError", "message": "Connection closed by peer", "time": 1.0}
+    comm.update(comm=True, log="a")
+    own = {"rank": 1, "type": "FileNotFoundError", "message": "x", "time": 2.0, "comm": False, "log": "b"}
+    assert pick_error([comm, own], {}).rank == 1
+    died = pick_error([comm], {1: -9})
+    assert died.rank == 1 and "SIGKILL" in str(died)
+    assert pick_error([comm], {}).rank == 0
+
+
+# ----------------------------------------------------------------------------- 10: run folders
 
 
 def test_save_writes_meta_and_latest_only_after_every_rank_file(tmp_path, monkeypatch):

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from taco.parallel import stage_layers
 from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
+from taco.train.procs import run_ranks
 
 
 def resolve_device(cfg: Config, local_rank: int) -> torch.device:
@@ -83,13 +83,11 @@ def _spawned(rank: int, world: int, port: int, cfg: Config, data_dir: Path, out:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = init_rank(cfg, rank, rank=rank, world_size=world)
-    try:
-        res = run_rank(cfg, data_dir, device)
-        if rank == 0:
-            with open(out, "wb") as f:
-                pickle.dump(res, f)
-    finally:
-        dist.destroy_process_group()
+    res = run_rank(cfg, data_dir, device)  # an error: reported by taco.train.procs, which exits
+    if rank == 0:
+        with open(out, "wb") as f:
+            pickle.dump(res, f)
+    dist.destroy_process_group()
 
 
 def check_start_up(cfg: Config) -> None:
@@ -152,16 +150,10 @@ def launch(cfg: Config) -> dict[str, Any]:
             dist.destroy_process_group()
     data_dir = resolve_data_dir(cfg.data, prepare=True)
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.pkl")
+        result = os.path.join(tmp, "result.pkl")
         t0 = time.time()
-        mp.start_processes(
-            _spawned,
-            args=(world, free_port(), cfg, data_dir, out),
-            nprocs=world,
-            start_method="spawn",
-            join=True,
-        )
-        with open(out, "rb") as f:
+        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result), world, cfg.train.out_dir)
+        with open(result, "rb") as f:
             res = pickle.load(f)
     res["wall_s"] = time.time() - t0
     print(
