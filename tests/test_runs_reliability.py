@@ -26,7 +26,7 @@ from taco.train.checkpoint import load_checkpoint
 from taco.train.config import load_config
 from taco.train.errors import CheckpointError
 from taco.train.launch import launch
-from tests.test_train import TEXT, tiny, tiny_args
+from tests.test_train import TEXT, losses, tiny, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 MESH = {"dp": 1, "pp": 1, "tp": 2, "sp": 0}
@@ -293,6 +293,44 @@ def test_the_root_cause_is_chosen_over_a_dead_peers_connection_errors():
 
 
 # ----------------------------------------------------------------------------- 10: run folders
+
+
+def test_resume_without_a_checkpoint_says_it_starts_from_step_0(corpus, tmp_path, capfd):
+    out = tmp_path / "fresh"
+    code, err = _train(capfd, [*tiny_args(corpus, out), "--train.steps=1", "--train.resume=true"])
+    assert code == 0, err
+    assert any(f"no checkpoint in {out / 'checkpoints'}; starting from step 0" in x for x in err), err
+    code, err = _train(capfd, [*tiny_args(corpus, out), f"--train.resume={tmp_path / 'nothing'}"])
+    assert code == 2 and "nothing" in err[-1], err
+    (tmp_path / "empty").mkdir()
+    code, err = _train(capfd, [*tiny_args(corpus, out), f"--train.resume={tmp_path / 'empty'}"])
+    assert code == 2 and "no checkpoint" in err[-1], err
+
+
+def _steps(out: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_folder_holding_a_run_is_refused_unless_overwritten(run4, corpus, tmp_path, capfd):
+    out = _copy(run4, tmp_path)
+    code, err = _train(capfd, [*tiny_args(corpus, out), "--parallel.tp=2"])
+    assert code == 2 and len(err) == 1, err
+    assert "already holds a run" in err[0] and "--train.overwrite=true" in err[0], err
+    code, err = _train(capfd, [*tiny_args(corpus, out), "--parallel.tp=2", "--train.overwrite=true"])
+    assert code == 0, err
+    assert _steps(out) == [1, 2]  # the old run's records are gone
+    assert len(list((out / "tb").glob("events.*"))) == 1
+    assert not (out / "checkpoints" / "step_0000004").exists()  # nor can its checkpoints be resumed
+
+
+def test_resuming_truncates_the_metrics_after_the_resume_step(run4, corpus, tmp_path):
+    out = _copy(run4, tmp_path)
+    before = losses(out)
+    step2 = out / "checkpoints" / "step_0000002"
+    res = launch(tiny(corpus, out, "--train.steps=4", "--train.eval_interval=2", f"--train.resume={step2}"))
+    assert res["resumed_from"] == 2
+    assert _steps(out) == [1, 2, 3, 4]  # not 1, 2, 3, 4, 3, 4
+    assert losses(out) == before  # and the resumed steps are the same
 
 
 def test_save_writes_meta_and_latest_only_after_every_rank_file(tmp_path, monkeypatch):

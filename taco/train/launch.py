@@ -5,6 +5,13 @@ Each rank chooses its device once (`train.device`; auto = cuda:LOCAL_RANK when C
 makes it current and joins a process group bound to it (NCCL for CUDA, gloo for CPU).
 `launch(cfg)` returns rank 0's summary (final validation loss, tokens/s, and per axis tp/pp/dp
 the wire and raw bytes per step: what one rank sends, averaged over the ranks of the job).
+
+Before any rank starts, the launcher checks the run folder (`taco.train.rundir`: a previous run's
+folder is refused unless resumed or overwritten) and the checkpoint to resume (sizes and sha256 of
+the rank files, `taco.train.checkpoint.verify_checkpoint`; under torchrun each rank checks its own
+file before joining). Locally spawned ranks are run by `taco.train.procs`: an error inside a rank
+is raised as one `RankError` (traceback in `{out_dir}/error_rank{R}.log`), SIGTERM/SIGINT stop
+every rank. Collectives time out after `parallel.timeout_s`.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
 from taco.train.procs import run_ranks
+from taco.train.rundir import check_run_dir, prepare_run_dir
 
 
 def resolve_device(cfg: Config, local_rank: int) -> torch.device:
@@ -138,7 +146,13 @@ def launch(cfg: Config) -> dict[str, Any]:
                 f"parallel.dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {world} but torchrun started {started} "
                 "ranks: change parallel.dp/pp/tp or torchrun's --nproc-per-node/--nnodes"
             )
-    _check_resume(cfg, int(os.environ["RANK"]) if torchrun else None)
+    resume_dir = _check_resume(cfg, int(os.environ["RANK"]) if torchrun else None)
+    t = cfg.train
+    check_run_dir(t.out_dir, resuming=t.resume is not False, overwrite=t.overwrite)
+    out = Path(t.out_dir).resolve()
+    clear = t.overwrite and (resume_dir is None or out not in resume_dir.resolve().parents)
+    if not torchrun or os.environ["RANK"] == "0":  # the other ranks wait for it in the rendezvous
+        prepare_run_dir(out, overwrite=clear)
     if torchrun:
         device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
         if dist.get_rank() == 0:
@@ -152,7 +166,7 @@ def launch(cfg: Config) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.pkl")
         t0 = time.time()
-        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result), world, cfg.train.out_dir)
+        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result), world, t.out_dir)
         with open(result, "rb") as f:
             res = pickle.load(f)
     res["wall_s"] = time.time() - t0

@@ -279,7 +279,7 @@ class Trainer:
         if t.capture_dir and self.dims.tp_rank == 0 and self.dims.dp_rank == 0:
             hook = capture_fn(Path(t.capture_dir), t.capture_interval, lambda: self.step)
             tp_context(self.model).capture = hook
-        logger = MetricsLogger(self.out_dir, self.log, t.steps)
+        logger = MetricsLogger(self.out_dir, self.log, t.steps, start_step=self.step)
         if self.log:
             (self.out_dir / "config.toml").write_text(config_to_toml(cfg))
             n = sum(q.numel() for q in self.model.parameters())

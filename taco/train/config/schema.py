@@ -374,8 +374,13 @@ class TrainConfig(_Section):
     checkpoint_interval: int = field(default=0, metadata={
         "doc": "Save a checkpoint every this many steps and at the last step; 0 = only at the last step."})
     resume: bool | str = field(default=False, metadata={"doc": (
-        "true = resume from the latest checkpoint in out_dir, a path = resume from that checkpoint, "
-        "false = start fresh.")})
+        "true = resume from the latest checkpoint in out_dir (starting from step 0, with a note, if "
+        "there is none), a path = resume from that checkpoint (an error if it holds none), false = start "
+        "fresh. Records of metrics.jsonl and TensorBoard after the resumed step are dropped.")})
+    overwrite: bool = field(default=False, metadata={"doc": (
+        "Start fresh in an out_dir that holds a previous run (metrics.jsonl, tb/ or checkpoints): its "
+        "metrics, TensorBoard events, checkpoints and summary are deleted first. Without it (and "
+        "without train.resume) such an out_dir is refused.")})
     capture_dir: str = field(default="", metadata={"doc": (
         "Directory where real TP tensors (activations, activation gradients) are captured per site for "
         'codec calibration and SQNR measurement; "" = no capture.')})
