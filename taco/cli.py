@@ -37,7 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra
-    return int(args.func(args) or 0)
+    from taco.train.errors import RunStopped
+
+    try:
+        return int(args.func(args) or 0)
+    except RunStopped as e:  # a rank's error, or SIGTERM/SIGINT: one line, the traceback in a log
+        print(f"taco {args.command}: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"taco {args.command}: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

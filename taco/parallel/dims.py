@@ -6,6 +6,7 @@ the ranks of one TP group are contiguous and share the fastest links.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -47,8 +48,11 @@ class ParallelDims:
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         return (dp * self.pp + pp) * self.tp + tp
 
-    def build(self) -> ParallelDims:
-        """Create the TP, PP and DP groups (collective: every rank must call it). Returns self."""
+    def build(self, timeout: datetime.timedelta | None = None) -> ParallelDims:
+        """Create the TP, PP and DP groups (collective: every rank must call it). Returns self.
+
+        `timeout`: how long their collectives wait for a peer. Give the one of init_process_group:
+        None is torch's default for new groups (30 min on gloo), not the default group's timeout."""
         if not dist.is_initialized():
             raise RuntimeError("ParallelDims.build() needs torch.distributed initialised first")
         world = dist.get_world_size()
@@ -67,7 +71,7 @@ class ParallelDims:
         }
         for axis, lists in axes.items():
             for ranks in lists:  # every rank creates every group, in the same order
-                g = dist.new_group(ranks) if len(ranks) > 1 else None
+                g = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
                 if me in ranks:
                     self.groups[axis] = g
                     self.groups[axis + "_ranks"] = ranks

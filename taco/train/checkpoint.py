@@ -1,47 +1,100 @@
-"""Sharded checkpoints: one file per rank, resumable to exactly the same losses.
+"""Sharded checkpoints: one file per rank, verified before resuming, resumable to the same losses.
 
 Layout: `{out_dir}/checkpoints/step_{N:07d}/rank{r}.pt` holding the rank's model shard, optimizer
-state, step and the mesh it was written with; `latest` names the newest complete step.
+state, step, the mesh it was written with, and its rank and mesh coordinates; `meta.json` records
+the step, the mesh and per rank file its rank, coordinates (dp, pp, tp), size and sha256;
+`latest` names the newest complete step. Every file is written under a temporary name and renamed:
+the rank files first, then meta.json, then `latest`, so a crash while saving leaves `latest` on
+the previous complete checkpoint.
+
+`verify_checkpoint` (run by the launcher before any rank starts) raises `CheckpointError` naming
+the file for a missing, empty, truncated, corrupt or swapped rank file, a missing meta.json or a
+different mesh; `load_checkpoint` (in each rank) also refuses a file holding another rank's shard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from taco.parallel.dims import ParallelDims
+from taco.train.errors import CheckpointError
+
+_FIX = "resume from another checkpoint (train.resume = a step directory) or start fresh (train.resume=false)"
+
+
+def coords_of(mesh: dict[str, int], rank: int) -> dict[str, int]:
+    """The (dp, pp, tp) coordinates of `rank` in `mesh` (TP innermost)."""
+    c = ParallelDims(dp=mesh["dp"], pp=mesh["pp"], tp=mesh["tp"]).coords(rank)
+    return dict(zip(("dp", "pp", "tp"), c))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
 
 def save_checkpoint(out_dir: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
+    """Write this rank's file; rank 0 then writes meta.json (every rank's checksum) and `latest`.
+
+    Collective when torch.distributed is initialised (every rank must call it)."""
     d = Path(out_dir) / "checkpoints" / f"step_{step:07d}"
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f"rank{rank}.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(d / f"rank{rank}.pt")
-    if dist.is_initialized():
-        dist.barrier()
+    mesh = state.get("mesh", {})
+    coords = coords_of(mesh, rank) if mesh else {}
+    name = f"rank{rank}.pt"
+    tmp = d / (name + ".tmp")
+    torch.save({**state, "rank": rank, "coords": coords}, tmp)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    entry = {"rank": rank, "coords": coords, "bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
+    tmp.replace(d / name)
+    entries = [entry]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        entries = [None] * dist.get_world_size()
+        dist.all_gather_object(entries, entry)  # also: every rank file is in place
     if rank == 0:
-        (d / "meta.json").write_text(json.dumps({"step": step, "mesh": state.get("mesh", {})}))
-        (Path(out_dir) / "checkpoints" / "latest").write_text(d.name)
+        meta = {"step": step, "mesh": mesh, "files": {f"rank{e['rank']}.pt": e for e in entries}}
+        _write_atomic(d / "meta.json", json.dumps(meta, indent=1))
+        _write_atomic(Path(out_dir) / "checkpoints" / "latest", d.name)
     return d
 
 
 def check_mesh(step_dir: Path, mesh: dict[str, int]) -> None:
-    """Raise ValueError (at start-up, before any rank starts) if the checkpoint's mesh differs."""
+    """Raise CheckpointError (at start-up, before any rank starts) if the checkpoint's mesh differs."""
     meta = step_dir / "meta.json"
     saved = json.loads(meta.read_text())["mesh"] if meta.is_file() else mesh
     if saved != mesh:
         diff = ", ".join(f"{k}={saved.get(k)} (now {v})" for k, v in mesh.items() if saved.get(k) != v)
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {step_dir} was written with a different mesh: {diff}; resume with the same "
             "parallel.dp/pp/tp/sp, or start fresh (train.resume=false)"
         )
 
 
 def find_checkpoint(resume: bool | str, out_dir: str | Path) -> Path | None:
-    """The step directory to resume from: `resume` = True (latest in out_dir) or a path; None if off."""
+    """The step directory to resume from: `resume` = True (latest in out_dir) or a path; None if off
+    or if `resume` is True and out_dir has no checkpoint yet. A path with no checkpoint is an error."""
     if resume is False or resume == "":
         return None
     if resume is True or resume == "true":
@@ -54,12 +107,71 @@ def find_checkpoint(resume: bool | str, out_dir: str | Path) -> Path | None:
         p = p / "checkpoints" / (p / "checkpoints" / "latest").read_text().strip()
     if not p.is_dir():
         raise FileNotFoundError(f"train.resume = {resume!r}: no checkpoint directory there")
+    if not (p / "meta.json").is_file() and not (p / "rank0.pt").is_file():
+        raise FileNotFoundError(
+            f"train.resume = {resume!r}: no checkpoint in {p} (expected a step directory holding "
+            "meta.json and rank*.pt, or a run directory holding checkpoints/latest)"
+        )
     return p
 
 
+def verify_checkpoint(step_dir: Path, mesh: dict[str, int], ranks: Iterable[int] | None = None) -> None:
+    """Check meta.json, the mesh and the files of `ranks` (default: all) against their recorded size
+    and sha256; raise CheckpointError naming the first bad file. Checkpoints written before
+    checksums were recorded (no "files" in meta.json) are checked for missing and empty files only."""
+    meta_f = step_dir / "meta.json"
+    if not meta_f.is_file():
+        raise CheckpointError(f"{meta_f} missing: {step_dir} is not a complete checkpoint; {_FIX}")
+    try:
+        meta = json.loads(meta_f.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{meta_f} is not valid JSON ({e}); {_FIX}") from e
+    check_mesh(step_dir, mesh)
+    world = mesh["dp"] * mesh["pp"] * mesh["tp"]
+    ranks = list(range(world) if ranks is None else ranks)
+    for r in ranks:
+        f = step_dir / f"rank{r}.pt"
+        if not f.is_file():
+            raise CheckpointError(f"{f} missing: the checkpoint has no file for rank {r}; {_FIX}")
+        if f.stat().st_size == 0:
+            raise CheckpointError(f"{f} is empty (0 bytes): the checkpoint is damaged; {_FIX}")
+    files = meta.get("files")
+    if files is None:
+        return
+    with ThreadPoolExecutor(min(8, len(ranks) or 1)) as ex:  # hashlib releases the GIL
+        digests = list(ex.map(sha256_file, [step_dir / f"rank{r}.pt" for r in ranks]))
+    for r, digest in zip(ranks, digests):
+        f, e = step_dir / f"rank{r}.pt", files.get(f"rank{r}.pt")
+        if e is None or e.get("rank") != r or e.get("coords") != coords_of(mesh, r):
+            raise CheckpointError(f"{meta_f} has no entry for rank {r} at {coords_of(mesh, r)}; {_FIX}")
+        if digest == e["sha256"]:
+            continue
+        other = [n for n, x in files.items() if x.get("sha256") == digest]
+        if other:
+            why = f"it holds {other[0]}'s content (files swapped or copied?)"
+        elif f.stat().st_size != e["bytes"]:
+            why = f"it has {f.stat().st_size} bytes, {e['bytes']} were written (truncated or replaced?)"
+        else:
+            why = "its sha256 differs from the one recorded when it was written (corrupted)"
+        raise CheckpointError(f"{f} does not match {meta_f}: {why}; {_FIX}")
+
+
 def load_checkpoint(step_dir: Path, rank: int, mesh: dict[str, int]) -> dict[str, Any]:
+    """This rank's state; CheckpointError if the file is missing, unreadable or another rank's shard."""
     f = step_dir / f"rank{rank}.pt"
     if not f.is_file():
         raise FileNotFoundError(f"{f} missing: the checkpoint was written by fewer ranks than this run has")
     check_mesh(step_dir, mesh)
-    return torch.load(f, map_location="cpu", weights_only=False)
+    try:
+        st = torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
+        raise CheckpointError(f"{f} cannot be read ({type(e).__name__}: {e}); {_FIX}") from e
+    want = coords_of(mesh, rank)
+    if "rank" in st and (st["rank"] != rank or st.get("coords") != want):
+        raise CheckpointError(
+            f"{f} holds rank {st['rank']}'s shard {st.get('coords')}, not rank {rank}'s {want} "
+            f"(files swapped or copied?); {_FIX}"
+        )
+    if st.get("mesh", mesh) != mesh:
+        raise CheckpointError(f"{f} was written with mesh {st['mesh']}, not {mesh}; {_FIX}")
+    return st

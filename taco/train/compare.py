@@ -35,9 +35,7 @@ def compare(cfg: Config, codecs: list[str], out: Path, baseline: str = "none") -
         c.train.out_dir = str(out / name)
         c.train.name = name
         c.train.resume = False
-        metrics = Path(c.train.out_dir) / "metrics.jsonl"
-        if metrics.exists():
-            metrics.unlink()  # a fresh curve per compare run
+        c.train.overwrite = True  # a fresh run (curve, TensorBoard, checkpoints) per codec
         print(f"[taco compare] === {name} ===", flush=True)
         res = launch(c)
         curves[name] = _curve(Path(c.train.out_dir))

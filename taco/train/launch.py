@@ -5,6 +5,13 @@ Each rank chooses its device once (`train.device`; auto = cuda:LOCAL_RANK when C
 makes it current and joins a process group bound to it (NCCL for CUDA, gloo for CPU).
 `launch(cfg)` returns rank 0's summary (final validation loss, tokens/s, and per axis tp/pp/dp
 the wire and raw bytes per step: what one rank sends, averaged over the ranks of the job).
+
+Before any rank starts, the launcher checks the run folder (`taco.train.rundir`: a previous run's
+folder is refused unless resumed or overwritten) and the checkpoint to resume (sizes and sha256 of
+the rank files, `taco.train.checkpoint.verify_checkpoint`; under torchrun each rank checks its own
+file before joining). Locally spawned ranks are run by `taco.train.procs`: an error inside a rank
+is raised as one `RankError` (traceback in `{out_dir}/error_rank{R}.log`), SIGTERM/SIGINT stop
+every rank. Collectives time out after `parallel.timeout_s`.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from taco.parallel import stage_layers
-from taco.train.checkpoint import check_mesh, find_checkpoint
+from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
+from taco.train.procs import run_ranks
+from taco.train.rundir import check_run_dir, prepare_run_dir
 
 
 def resolve_device(cfg: Config, local_rank: int) -> torch.device:
@@ -59,7 +67,7 @@ def init_rank(cfg: Config, local_rank: int, **init: Any) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         init["device_id"] = device  # NCCL communicators bound to this GPU, created eagerly
-    timeout = datetime.timedelta(seconds=300)
+    timeout = datetime.timedelta(seconds=cfg.parallel.timeout_s)
     dist.init_process_group(_backend(cfg, device), timeout=timeout, **init)
     return device
 
@@ -68,7 +76,7 @@ def run_rank(cfg: Config, data_dir: Path, device: torch.device) -> dict[str, Any
     """The whole run on this rank (process group already initialised): build the mesh, fit."""
     from taco.train.trainer import Trainer
 
-    dims = cfg.parallel.dims().build()
+    dims = cfg.parallel.dims().build(timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s))
     return Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device).fit()
 
 
@@ -83,13 +91,11 @@ def _spawned(rank: int, world: int, port: int, cfg: Config, data_dir: Path, out:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = init_rank(cfg, rank, rank=rank, world_size=world)
-    try:
-        res = run_rank(cfg, data_dir, device)
-        if rank == 0:
-            with open(out, "wb") as f:
-                pickle.dump(res, f)
-    finally:
-        dist.destroy_process_group()
+    res = run_rank(cfg, data_dir, device)  # an error: reported by taco.train.procs, which exits
+    if rank == 0:
+        with open(out, "wb") as f:
+            pickle.dump(res, f)
+    dist.destroy_process_group()
 
 
 def check_start_up(cfg: Config) -> None:
@@ -105,6 +111,26 @@ def check_start_up(cfg: Config) -> None:
         resolve_device(cfg, p.world_size - 1)
 
 
+def _check_resume(cfg: Config, rank: int | None) -> Path | None:
+    """The checkpoint to resume, verified (all rank files, or only `rank`'s under torchrun); says
+    so when `train.resume = true` finds none. CheckpointError/FileNotFoundError name the problem."""
+    p, t = cfg.parallel, cfg.train
+    resume_dir = find_checkpoint(t.resume, t.out_dir)
+    if resume_dir is None:
+        if t.resume is not False and rank in (None, 0):
+            print(
+                f"[taco] train.resume: no checkpoint in {Path(t.out_dir) / 'checkpoints'}; starting from "
+                "step 0",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    mesh = {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)}
+    check_mesh(resume_dir, mesh)
+    verify_checkpoint(resume_dir, mesh, None if rank is None else [rank])
+    return resume_dir
+
+
 def launch(cfg: Config) -> dict[str, Any]:
     """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank."""
     if not cfg.train.out_dir:
@@ -112,16 +138,22 @@ def launch(cfg: Config) -> dict[str, Any]:
     world = cfg.parallel.world_size
     p = cfg.parallel
     check_start_up(cfg)
-    resume_dir = find_checkpoint(cfg.train.resume, cfg.train.out_dir)
-    if resume_dir is not None:
-        check_mesh(resume_dir, {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)})
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun:
         started = int(os.environ["WORLD_SIZE"])
         if started != world:  # before joining: a wrong mesh must not hang in init_process_group
             raise ValueError(
                 f"parallel.dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {world} but torchrun started {started} "
                 "ranks: change parallel.dp/pp/tp or torchrun's --nproc-per-node/--nnodes"
             )
+    resume_dir = _check_resume(cfg, int(os.environ["RANK"]) if torchrun else None)
+    t = cfg.train
+    check_run_dir(t.out_dir, resuming=t.resume is not False, overwrite=t.overwrite)
+    out = Path(t.out_dir).resolve()
+    clear = t.overwrite and (resume_dir is None or out not in resume_dir.resolve().parents)
+    if not torchrun or os.environ["RANK"] == "0":  # the other ranks wait for it in the rendezvous
+        prepare_run_dir(out, overwrite=clear)
+    if torchrun:
         device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
         if dist.get_rank() == 0:
             resolve_data_dir(cfg.data, prepare=True)
@@ -132,16 +164,10 @@ def launch(cfg: Config) -> dict[str, Any]:
             dist.destroy_process_group()
     data_dir = resolve_data_dir(cfg.data, prepare=True)
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.pkl")
+        result = os.path.join(tmp, "result.pkl")
         t0 = time.time()
-        mp.start_processes(
-            _spawned,
-            args=(world, free_port(), cfg, data_dir, out),
-            nprocs=world,
-            start_method="spawn",
-            join=True,
-        )
-        with open(out, "rb") as f:
+        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result), world, t.out_dir)
+        with open(result, "rb") as f:
             res = pickle.load(f)
     res["wall_s"] = time.time() - t0
     print(

@@ -20,22 +20,27 @@ from taco.train.build import AXES
 class MetricsLogger:
     """Rank 0's outputs: progress lines on stdout, `metrics.jsonl` and TensorBoard scalars.
 
-    On other ranks (`enabled=False`) every method is a no-op.
+    On other ranks (`enabled=False`) every method is a no-op. A run starting (or resuming) at
+    `start_step` keeps the records of steps <= start_step already in `metrics.jsonl` and hides
+    TensorBoard's later ones (purge_step), so a resumed curve is not drawn twice.
     """
 
-    def __init__(self, out_dir: Path, enabled: bool, steps: int, tensorboard: bool = True) -> None:
+    def __init__(
+        self, out_dir: Path, enabled: bool, steps: int, tensorboard: bool = True, start_step: int = 0
+    ) -> None:
         self.enabled, self.steps = enabled, steps
         self.jsonl = None
         self.tb = None
         if not enabled:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(out_dir / "metrics.jsonl", "a")
+        self.jsonl = _open_truncated(out_dir / "metrics.jsonl", start_step)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(out_dir / "tb"))
+                purge = start_step + 1 if (out_dir / "tb").is_dir() else None
+                self.tb = SummaryWriter(str(out_dir / "tb"), purge_step=purge)
             except Exception as e:  # noqa: BLE001 - TensorBoard is optional
                 print(f"[taco] TensorBoard disabled: {e}", flush=True)
 
@@ -73,6 +78,22 @@ class MetricsLogger:
             self.jsonl.close()
         if self.tb:
             self.tb.close()
+
+
+def _open_truncated(path: Path, last_step: int):
+    """`path` opened for appending, without its records of steps after `last_step` (or unreadable)."""
+    if path.is_file():
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= last_step:
+                    keep.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                pass
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        tmp.replace(path)
+    return open(path, "a")
 
 
 def capture_fn(out: Path, every: int, step: Callable[[], int]) -> Callable[[str, torch.Tensor], None]:

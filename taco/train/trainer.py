@@ -279,7 +279,7 @@ class Trainer:
         if t.capture_dir and self.dims.tp_rank == 0 and self.dims.dp_rank == 0:
             hook = capture_fn(Path(t.capture_dir), t.capture_interval, lambda: self.step)
             tp_context(self.model).capture = hook
-        logger = MetricsLogger(self.out_dir, self.log, t.steps)
+        logger = MetricsLogger(self.out_dir, self.log, t.steps, start_step=self.step)
         if self.log:
             (self.out_dir / "config.toml").write_text(config_to_toml(cfg))
             n = sum(q.numel() for q in self.model.parameters())
@@ -309,7 +309,7 @@ class Trainer:
                 raw_sum[a] += st.raw_bytes[a]
                 rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
                 rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
-            if step % t.eval_interval == 0 or step == t.steps:
+            if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
                 rec["val_loss"] = val = self.evaluate()
             if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or step == t.steps):
                 self.save()

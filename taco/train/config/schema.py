@@ -262,6 +262,12 @@ class ParallelConfig(_Section):
         '"bf16" = cast to that dtype and back.')})
     backend: Backend = field(default=Backend.AUTO, metadata={"doc": (
         'torch.distributed backend: "auto" (nccl when CUDA is available, else gloo), "gloo" or "nccl".')})
+    timeout_s: float = field(default=100.0, metadata={"doc": (
+        "Seconds a rank waits for its peers in a collective (and when joining the process group) "
+        "before the run fails: a rank that hangs, is stopped or dies ends the job after about this "
+        "long. Raise it if steps, evaluation or checkpoint writes of one rank can take longer; under "
+        "torchrun it also bounds the wait for rank 0 to prepare the data set (run `taco data "
+        "prepare` first).")})
 
     def dims(self) -> ParallelDims:
         """The mesh as `taco.parallel.ParallelDims` (groups not built yet: call `.build()` on every rank)."""
@@ -279,6 +285,8 @@ class ParallelConfig(_Section):
         for name in ("dp", "pp", "tp", "microbatches"):
             if getattr(self, name) < 1:
                 self._fail(name, "must be >= 1")
+        if not self.timeout_s > 0:
+            self._fail("timeout_s", "must be > 0 (seconds)")
 
 
 @dataclass
@@ -366,8 +374,13 @@ class TrainConfig(_Section):
     checkpoint_interval: int = field(default=0, metadata={
         "doc": "Save a checkpoint every this many steps and at the last step; 0 = only at the last step."})
     resume: bool | str = field(default=False, metadata={"doc": (
-        "true = resume from the latest checkpoint in out_dir, a path = resume from that checkpoint, "
-        "false = start fresh.")})
+        "true = resume from the latest checkpoint in out_dir (starting from step 0, with a note, if "
+        "there is none), a path = resume from that checkpoint (an error if it holds none), false = start "
+        "fresh. Records of metrics.jsonl and TensorBoard after the resumed step are dropped.")})
+    overwrite: bool = field(default=False, metadata={"doc": (
+        "Start fresh in an out_dir that holds a previous run (metrics.jsonl, tb/ or checkpoints): its "
+        "metrics, TensorBoard events, checkpoints and summary are deleted first. Without it (and "
+        "without train.resume) such an out_dir is refused.")})
     capture_dir: str = field(default="", metadata={"doc": (
         "Directory where real TP tensors (activations, activation gradients) are captured per site for "
         'codec calibration and SQNR measurement; "" = no capture.')})

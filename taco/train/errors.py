@@ -1,0 +1,38 @@
+"""The errors a run ends with that the `taco` command prints as one line, and their exit codes.
+
+Why this file exists: the launcher (`taco.train.procs`), the checkpoint checks and the command line
+(`taco.cli`) share them, and the command line must import them without importing torch.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that must not be resumed (missing, empty, corrupt or another rank's file, a
+    different mesh): the message names the file. A ValueError, so `taco train` exits 2 with one line."""
+
+
+class RunStopped(Exception):
+    """The run ended early for a reason the message says in one line; `exit_code` for the shell."""
+
+    exit_code = 1
+
+
+class RankError(RunStopped):
+    """A rank raised (or died): which rank, the exception's type and message, where the traceback is."""
+
+    def __init__(self, rank: int, kind: str, message: str, log: str = "") -> None:
+        self.rank, self.kind, self.message, self.log = rank, kind, message, log
+        text = f"error on rank {rank}: {kind}: {message}" if kind else f"error on rank {rank}: {message}"
+        super().__init__(text + (f" (traceback: {log})" if log else ""))
+
+
+class RunInterrupted(RunStopped):
+    """The launcher got SIGTERM or SIGINT and stopped its ranks; exit code 128 + the signal."""
+
+    def __init__(self, signum: int, ranks: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {ranks} rank(s) stopped")
