@@ -1,6 +1,6 @@
-"""`taco bench codec`: fidelity and throughput of every codec, side by side in one run (DESIGN.md 3).
+"""`taco bench codec`: fidelity and throughput of every codec, side by side in one run (docs/design.md 3).
 
-Why this file exists: the codec choices of DESIGN.md 1.2 are decided by measurement, not by
+Why this file exists: the codec choices of docs/design.md 1.2 are decided by measurement, not by
 assumption. For each codec x data family x backend it measures bytes/elem (exact, from
 `Packed.nbytes`), SQNR, the worst relative group error, encode/decode elements/s, and the encode
 time as a ratio to `x.clone()` of the same tensor in the same run (the memory-bound floor).

@@ -1,6 +1,6 @@
 """`taco bench comm`: plain bf16 collectives against compressed ones, side by side in one run.
 
-Why this file exists: DESIGN.md 3 measures collective speedup as time(plain bf16) / time(codec)
+Why this file exists: docs/design.md 3 measures collective speedup as time(plain bf16) / time(codec)
 on the same sizes in the same run. Ranks are spawned here (torch.multiprocessing, gloo over lo,
 `--threads` compute threads each). With `--rate MBIT` the run re-executes itself inside a network
 namespace whose lo is capped by tc (`netns.py`); `--rate auto` picks the cap at which the codec
