@@ -302,6 +302,7 @@ def run_codec(args: argparse.Namespace) -> int:
     print_tables(result)
     if args.json:
         Path(args.json).write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+        print(f"wrote {args.json}")
     return 0
 
 
