@@ -224,8 +224,60 @@ def test_gpt2_vocab_finetune_at_tp2_exports_what_transformers_reloads(corpus, tm
     assert theirs.transformer.wte.weight.shape == (GPT2_VOCAB, 32)
     ours, vocab, _ = load_run_model(run)
     assert vocab == GPT2_VOCAB and ours.tok_emb.weight.shape == (50432, 32)
+    summary = json.loads((run / "summary.json").read_text())  # the merge is what the ranks trained
+    assert _val_loss(ours, data_dir, saved, vocab) == pytest.approx(summary["final_val_loss"], abs=1e-5)
     assert not torch.equal(theirs.transformer.wte.weight, reference.transformer.wte.weight)  # it trained
     idx = torch.cat([x[:2, :20], torch.full((2, 1), GPT2_VOCAB - 1)], dim=1)
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[..., :GPT2_VOCAB], theirs(idx).logits, atol=1e-5, rtol=1e-5)
     assert (out / "tokenizer.json").read_bytes() == (ckpt / "tokenizer.json").read_bytes()
+
+
+# ---- export merges the shards of any mesh ----
+
+
+def _val_loss(model, data_dir: Path, cfg, vocab: int | None = None) -> float:
+    """The trainer's evaluation, on one process: the mean loss of the train.eval_steps val batches
+    (`model(x)` gives the logits, or an output with `.logits`; the first `vocab` columns count)."""
+    ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=cfg.train.seed)
+    losses = []
+    with torch.no_grad():
+        for i in range(cfg.train.eval_steps):
+            x, y = ds.get_batch(i, cfg.train.batch_size)
+            out = model(x)
+            logits = getattr(out, "logits", out)[..., : vocab or None]
+            losses.append(nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+    return torch.stack(losses).mean().item()
+
+
+GPT_PP = ["--model.kind=gpt", "--parallel.pp=2"]
+QWEN_SP = ["--model.kind=qwen", "--model.n_kv_head=2", "--parallel.sp=true", "--model.tie_embeddings=false"]
+
+
+@pytest.mark.parametrize("mesh", [
+    pytest.param(GPT_PP, id="gpt-pp2-tp2", marks=pytest.mark.slow),  # 4 ranks: slow
+    pytest.param(QWEN_SP, id="qwen-tp2-sp"),
+])  # fmt: skip
+def test_export_merges_the_shards_of_the_mesh(corpus, tmp_path, mesh):
+    """The merged model scores the validation batches exactly as the distributed run did."""
+    from taco.train.data import prepare_text
+    from taco.train.export import export_run, load_run_model
+    from taco.train.launch import launch
+
+    cache = tmp_path / "cache"
+    data_dir = prepare_text(corpus / "text", cache, vocab_size=300, progress=lambda *a: None)
+    run = tmp_path / "run"
+    cfg = load_config(None, [
+        "--model.n_layer=2", "--model.n_head=4", "--model.hidden=32", "--model.seq_len=32",
+        "--data.dataset=text", f"--data.path={corpus / 'text'}", f"--data.cache_dir={cache}",
+        "--data.vocab_size=300", "--parallel.tp=2", "--train.batch_size=4", "--train.steps=2",
+        "--train.eval_steps=2", "--train.warmup_steps=1", f"--train.out_dir={run}", *mesh,
+    ])  # fmt: skip
+    summary = launch(cfg)
+    model, vocab, saved = load_run_model(run)
+    assert vocab == model.tok_emb.weight.shape[0] == 384  # random init: the padded rows are the model's
+    assert _val_loss(model, data_dir, saved) == pytest.approx(summary["final_val_loss"], abs=1e-5)
+    res = export_run(run, tmp_path / "hf")
+    loaded, _ = load_hf_checkpoint(res["out"])
+    assert _val_loss(loaded.eval(), data_dir, saved) == pytest.approx(summary["final_val_loss"], abs=1e-5)
+    assert (res["out"] / "tokenizer.json").is_file() and res["stripped"] == 0

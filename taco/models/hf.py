@@ -3,7 +3,9 @@
 Why this file exists: fine-tuning starts from published weights, and exporting lets Hugging Face
 tools read what we trained. A checkpoint directory holds ``config.json`` and either one
 ``*.safetensors`` file or ``model.safetensors.index.json`` with its shards. Supported
-``model_type``: ``gpt2``, ``qwen2``, ``qwen3``. Nothing is ever downloaded.
+``model_type``: ``gpt2``, ``qwen2``, ``qwen3``. Nothing is ever downloaded. A vocabulary padded
+for tensor parallelism (``Decoder.resize_vocab``) is written back at its own size with
+``save_hf_checkpoint(model, path, vocab_size=...)``.
 
 Name mapping (ours <- Hugging Face):
 

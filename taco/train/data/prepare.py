@@ -155,7 +155,7 @@ def _build(
         tok = load_hf_tokenizer(tok_file)
         separator, chunked = separator_token(tok, tok_file), splits_at_newlines(tok)
         progress(
-            f"[data] tokenizing {len(texts)} documents ({n_chars / 1e6:.1f} M characters) with {tok_file} "
+            f"[data] tokenizing {len(texts)} documents ({n_chars:,} characters) with {tok_file} "
             f"({tok.get_vocab_size()} tokens, documents separated by {separator}) ..."
         )
         described = f"{tok_file.resolve()} (sha256 {expect['tokenizer_sha256'][:12]}), HF tokenizers"
