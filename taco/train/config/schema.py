@@ -178,11 +178,10 @@ class ModelConfig(_Section):
         "doc": "Epsilon of LayerNorm/RMSNorm (Qwen checkpoints use 1e-6)."})
     init_from: str = field(default="", metadata={"doc": (
         "Directory of a local Hugging Face checkpoint (config.json + safetensors) to load the weights "
-        'from; "" = random initialisation with train.seed. The checkpoint decides kind, depth, widths, '
-        "heads, norms, positions and vocabulary (the run prints every size it changes, and the "
-        "run's config.toml holds the sizes that ran); a tokenizer.json beside it becomes "
-        "data.tokenizer. Its vocabulary is padded to a multiple of 128 * parallel.tp for the vocab-"
-        "parallel layers, the padded logits are left out of the loss, and `taco export` strips them.")})
+        'from; "" = random initialisation with train.seed. The checkpoint decides the [model] sizes '
+        "(each change is printed; config.toml records them) and a tokenizer.json beside it becomes "
+        "data.tokenizer; its vocabulary is padded to a multiple of 128 * parallel.tp, the padding "
+        "masked out of the loss (`taco export` strips it).")})
     max_positions: int = field(default=_SIZE["max_positions"], metadata={"doc": (
         "Positions the model has: gpt's learned position table (GPT-2's n_positions), qwen's "
         "max_position_embeddings; 0 = seq_len. Set from model.init_from; must be >= seq_len.")})
