@@ -1,6 +1,6 @@
 """TACO-TP: compressed communication for tensor-parallel LLM training (arXiv 2604.24088).
 
-Public API (DESIGN.md 2.1): `taco.list_codecs()`, `taco.get_codec(name, **options)`, and the
+Public API (docs/design.md 2.1): `taco.list_codecs()`, `taco.get_codec(name, **options)`, and the
 compressed collectives in `taco.comm` (imported lazily, it needs torch.distributed).
 """
 

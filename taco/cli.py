@@ -1,4 +1,4 @@
-"""The `taco` console script: train, compare, bench, data (DESIGN.md 2.2).
+"""The `taco` console script: train, compare, bench, data, export, config (docs/design.md 2.2).
 
 Each subcommand's module adds its own arguments; heavy imports happen only when it runs.
 """
@@ -15,7 +15,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    from taco.train.cli import add_compare_subparser, add_data_subparser, add_train_subparser
+    from taco.train.cli import (
+        add_compare_subparser,
+        add_config_subparser,
+        add_data_subparser,
+        add_export_subparser,
+        add_train_subparser,
+    )
 
     add_train_subparser(sub)
     add_compare_subparser(sub)
@@ -27,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_subparsers(bsub)
 
     add_data_subparser(sub)
+    add_export_subparser(sub)
+    add_config_subparser(sub)
     return p
 
 

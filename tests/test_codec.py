@@ -14,7 +14,7 @@ LOSSY = [n for n in ALL if n != "none"]
 
 
 def straightforward_taco(x: torch.Tensor, G: int = 128, fmax: float = 448.0, lam: float = 1e-6):
-    """DESIGN.md 1.1 written independently: one group at a time, butterfly Hadamard, fp32 math.
+    """docs/design.md 1.1 written independently: one group at a time, butterfly Hadamard, fp32 math.
 
     Returns (codes as fp32 values, decoded x^) for the flattened, zero-padded input.
     """

@@ -1,6 +1,6 @@
 """taco.kernels (issue #6): native CPU and Triton (interpreted on CPU) codecs against the reference.
 
-Equality criterion (DESIGN.md 1.1): codes bit-exact, or one FP8/INT step apart where only the fp32
+Equality criterion (docs/design.md 1.1): codes bit-exact, or one FP8/INT step apart where only the fp32
 summation order differs (Hadamard butterflies or tensor-core dots vs the reference matmul), or
 apart by less than 1e-5 * FMAX where that order noise meets the fine subnormal grid near zero;
 the fraction of differing codes must stay below 1e-3 (it is ~1e-5, see the report in the log).
@@ -33,6 +33,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def triton_mod():
+    if not K.triton_available():  # [dev] does not pull triton: a CPU-only machine skips these
+        pytest.skip("triton not installed")
     from taco.kernels import triton_taco
 
     if not triton_taco.INTERPRET:

@@ -1,4 +1,4 @@
-"""Benchmarks (DESIGN.md 3): codec fidelity/throughput, collectives, emulated clusters, cost model.
+"""Benchmarks (docs/design.md 3): codec fidelity/throughput, collectives, emulated clusters, cost model.
 
 Every figure is measured side by side in one run; each benchmark prints a table and can write JSON.
 This file registers the `taco bench` subcommands and holds what their entries share: library code

@@ -1,4 +1,4 @@
-"""`taco bench cluster`: end-to-end training speed on a bandwidth-limited emulated network (DESIGN.md 3).
+"""`taco bench cluster`: end-to-end training speed on a bandwidth-limited emulated network (docs/design.md 3).
 
 Why this file exists: on one machine ranks talk at memory speed, so only an emulated slow link
 shows what TP compression buys a whole training step. This runs the same short training job

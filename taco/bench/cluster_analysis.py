@@ -1,4 +1,4 @@
-"""Analysis of `taco bench cluster` measurements (DESIGN.md 3): the report rows and the cost model.
+"""Analysis of `taco bench cluster` measurements (docs/design.md 3): the report rows and the cost model.
 
 Why this file exists: `cluster.py` runs the training jobs and records what they measured
 (`cluster_records.py`); this turns those records into the report (per-run means, the

@@ -1,6 +1,6 @@
-"""`taco bench codec`: fidelity and throughput of every codec, side by side in one run (DESIGN.md 3).
+"""`taco bench codec`: fidelity and throughput of every codec, side by side in one run (docs/design.md 3).
 
-Why this file exists: the codec choices of DESIGN.md 1.2 are decided by measurement, not by
+Why this file exists: the codec choices of docs/design.md 1.2 are decided by measurement, not by
 assumption. For each codec x data family x backend it measures bytes/elem (exact, from
 `Packed.nbytes`), SQNR, the worst relative group error, encode/decode elements/s, and the encode
 time as a ratio to `x.clone()` of the same tensor in the same run (the memory-bound floor).
@@ -302,6 +302,7 @@ def run_codec(args: argparse.Namespace) -> int:
     print_tables(result)
     if args.json:
         Path(args.json).write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """`taco bench comm`: plain bf16 collectives against compressed ones, side by side in one run.
 
-Why this file exists: DESIGN.md 3 measures collective speedup as time(plain bf16) / time(codec)
+Why this file exists: docs/design.md 3 measures collective speedup as time(plain bf16) / time(codec)
 on the same sizes in the same run. Ranks are spawned here (torch.multiprocessing, gloo over lo,
 `--threads` compute threads each). With `--rate MBIT` the run re-executes itself inside a network
 namespace whose lo is capped by tc (`netns.py`); `--rate auto` picks the cap at which the codec
@@ -64,8 +64,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto", help="auto: import taco.kernels")
-    p.add_argument("--rate", default=None, help="cap lo at this many Mbit/s in a netns ('auto': see above)")
-    p.add_argument("--codec-link-ratio", type=float, default=50.0)
+    p.add_argument(
+        "--rate",
+        default=None,
+        metavar="MBIT|auto",
+        help="run the ranks in a network namespace whose lo is capped at this many Mbit/s (needs root); "
+        "'auto': the rate at which the codec encodes --codec-link-ratio times more elements per "
+        "second than the link carries bf16 elements (default: lo uncapped)",
+    )
+    p.add_argument(
+        "--codec-link-ratio",
+        type=float,
+        default=50.0,
+        help="codec encode rate / link element rate that --rate auto aims at (default %(default)s)",
+    )
     p.add_argument("--burst", default="256kb", help="tc tbf burst")
     p.add_argument("--latency", default="400ms", help="tc tbf latency")
     p.add_argument("--delay", type=float, default=0.0, help="netem delay (ms)")

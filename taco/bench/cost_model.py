@@ -1,4 +1,4 @@
-"""Alpha-beta cost model of a training step whose TP collectives may be compressed (DESIGN.md 1.3-1.5).
+"""Alpha-beta cost model of a training step whose TP collectives may be compressed (docs/design.md 1.3-1.5).
 
 Why this file exists: the emulated runs of `cluster.py` measure one small CPU box; this model,
 validated on them (predicted vs measured step time), carries the same mechanism to GPU clusters,
@@ -21,7 +21,7 @@ two-shot: all-to-all + all-gather (N hops), 2(N-1)/N C bytes per rank, n element
 time = max(wire, code) + min(wire, code) / k (k = 1: they add).
 
 Per transformer layer and micro-batch there are 2 TP collectives forward and 2 backward of
-b*s*h elements (Megatron placement, DESIGN.md 1.4), plus the vocab-parallel embedding (forward)
+b*s*h elements (Megatron placement, docs/design.md 1.4), plus the vocab-parallel embedding (forward)
 and LM-head input (backward) all-reduces on the first/last pipeline stage.
 """
 
@@ -125,7 +125,7 @@ def collective_time(
     """Time of one collective of `numel` elements of `elem_bytes` each over `world` ranks.
 
     codec None: the plain collective (ring all-reduce: 2(N-1) hops); otherwise the compressed
-    algorithm of DESIGN.md 1.3 with `slices` pipelined slices overlapping coding and wire.
+    algorithm of docs/design.md 1.3 with `slices` pipelined slices overlapping coding and wire.
     """
     if world < 1 or slices < 1:
         raise ValueError(f"world and slices must be >= 1, got world={world}, slices={slices}")
@@ -265,7 +265,7 @@ class StepBreakdown:
 
 
 def tp_messages(shape: ModelShape, par: Parallel, comm_bytes: float = 2.0) -> list[Message]:
-    """The TP collectives of one micro-batch on the busiest pipeline stage (DESIGN.md 1.4)."""
+    """The TP collectives of one micro-batch on the busiest pipeline stage (docs/design.md 1.4)."""
     n = par.micro_batch * shape.seq * shape.hidden
     per_layer = (
         [Message("all_gather", n, comm_bytes), Message("reduce_scatter", n, comm_bytes)] * 2

@@ -1,7 +1,7 @@
 """A bandwidth-limited network for benchmarks: a Linux network namespace whose loopback is capped.
 
 Why this file exists: on one machine, ranks talk over `lo` at memory speed, so compression can
-only look slower. The emulation (DESIGN.md 3, end-to-end) runs the ranks inside a fresh network
+only look slower. The emulation (docs/design.md 3, end-to-end) runs the ranks inside a fresh network
 namespace whose `lo` is shaped by `tc` (token bucket, optionally a netem delay), so every byte the
 ranks exchange crosses a link of known rate. Note: all ranks share that one `lo`, so the cap is
 the aggregate rate of all ranks' traffic (a shared bus, not one link per rank).

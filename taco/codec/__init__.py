@@ -1,6 +1,6 @@
 """Pure tensor math for compressing TP intermediate tensors: formats, Hadamard, codecs, calibration.
 
-No torch.distributed here (DESIGN.md 2): collectives in `taco.comm` move the buffers these make.
+No torch.distributed here (docs/design.md 2): collectives in `taco.comm` move the buffers these make.
 """
 
 from .base import Codec, Packed

@@ -1,6 +1,6 @@
 """The codec contract: `Codec.encode(x) -> Packed`, `Codec.decode(packed) -> x^`, exact byte counts.
 
-A `Packed` is one contiguous uint8 buffer (payload and scales together, DESIGN.md 1.1 wire) plus
+A `Packed` is one contiguous uint8 buffer (payload and scales together, docs/design.md 1.1 wire) plus
 the host-side facts both ends of a collective already know (shape, dtype, which codec). Only the
 buffer travels; `nbytes` is its exact size. Collectives that receive a bare buffer rebuild the
 `Packed` with `Codec.wrap`, which checks the size against `Codec.nbytes(numel)`.

@@ -1,4 +1,4 @@
-"""Data-driven reshaping (DESIGN.md 1.1): choose the grouping per site from measured error.
+"""Data-driven reshaping (docs/design.md 1.1): choose the grouping per site from measured error.
 
 TACO's reshaping picks how a tensor is cut into groups before the Hadamard rotation. Here the
 choice is (group size G, grouping axis) for a codec, made per communication site from sampled

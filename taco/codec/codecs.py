@@ -1,15 +1,15 @@
 """The codec zoo: the faithful TACO preset, the baselines a user would pick instead, and variants.
 
-| name            | what                                                  | bytes/elem (G=128) |
-|-----------------|-------------------------------------------------------|--------------------|
-| none            | the raw tensor, bit-identical                         | 2 (bf16)           |
-| fp8-tensor      | one fp32 scale per tensor, saturating cast            | 1 + 4/n            |
-| fp8-group       | per-group absmax fp32 scale, no rotation              | 1 + 4/G            |
-| int8-group      | per-group absmax int8                                 | 1 + 4/G            |
-| taco            | DESIGN.md 1.1: adaptive scale, Hadamard, dual scales  | 1 + 8/G            |
-| taco-1s         | taco with one scale per group (s_a cancels)           | 1 + 4/G            |
-| int8-hadamard   | Hadamard + int8, one scale per group                  | 1 + 4/G            |
-| int4-hadamard   | Hadamard + int4 packed nibbles (DP/PP traffic)        | 0.5 + 4/G          |
+| name          | what                                                      | bytes/elem (G=128) |
+|---------------|-----------------------------------------------------------|--------------------|
+| none          | the raw tensor, bit-identical                             | 2 (bf16)           |
+| fp8-tensor    | one fp32 scale per tensor, saturating cast                | 1 + 4/n            |
+| fp8-group     | per-group absmax fp32 scale, no rotation                  | 1 + 4/G            |
+| int8-group    | per-group absmax int8                                     | 1 + 4/G            |
+| taco          | docs/design.md 1.1: adaptive scale, Hadamard, dual scales | 1 + 8/G            |
+| taco-1s       | taco with one scale per group (s_a cancels)               | 1 + 4/G            |
+| int8-hadamard | Hadamard + int8, one scale per group                      | 1 + 4/G            |
+| int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
 
 Group codecs cut the flattened tensor into groups of G along `axis` (default: the last, i.e.
 contiguous memory); the tail is zero-padded on the wire. Wire layout of one chunk:
@@ -215,7 +215,7 @@ class GroupCodec(Codec):
 
 
 class TacoCodec(GroupCodec):
-    """The faithful TACO preset (DESIGN.md 1.1): adaptive scale s_a, Hadamard, dual-scale FP8."""
+    """The faithful TACO preset (docs/design.md 1.1): adaptive scale s_a, Hadamard, dual-scale FP8."""
 
     name = "taco"
     family = "taco"

@@ -1,7 +1,7 @@
 """Number formats used on the wire: FP8 (E4M3/E5M2), INT8 and packed INT4.
 
 Kept apart from the codecs so that kernels and tests share one definition of each
-format's range and rounding (DESIGN.md 1.1: round-to-nearest-even, saturating).
+format's range and rounding (docs/design.md 1.1: round-to-nearest-even, saturating).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every codec in `codecs.py` is a thin wrapper around these; fused kernels (`taco.kernels`)
 are tested against them. Shapes: xg [ng, G] fp32; per-group scales [ng, 1] fp32.
 
-Non-finite handling (DESIGN.md section 4): a group holding NaN/Inf gets a NaN scale, so the whole
+Non-finite handling (docs/design.md section 4): a group holding NaN/Inf gets a NaN scale, so the whole
 group decodes to NaN (never 0). With all inputs finite every intermediate below is finite, so the
 check is made on the group's max after rotation, a [ng, 1] tensor that is computed anyway.
 """
@@ -37,7 +37,7 @@ def taco_encode(
     lam: float,
     target: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TACO encode (DESIGN.md 1.1 steps 1-4) -> (q uint8 [ng, G], s_q [ng, 1], s_a [ng, 1])."""
+    """TACO encode (docs/design.md 1.1 steps 1-4) -> (q uint8 [ng, G], s_q [ng, 1], s_a [ng, 1])."""
     g = xg.shape[1]
     s_a = (fmax / torch.sqrt(xg.square().mean(1, keepdim=True) + lam)).clamp(1e-3, 1e3)
     z = (xg * s_a) @ h / math.sqrt(g)
@@ -51,7 +51,7 @@ def taco_encode(
 def taco_decode(
     q: torch.Tensor, s_q: torch.Tensor, s_a: torch.Tensor, h: torch.Tensor, fp8: torch.dtype
 ) -> torch.Tensor:
-    """TACO decode (DESIGN.md 1.1 step 5): x^ = H (fp32(q) * s_q) / sqrt(G) / s_a."""
+    """TACO decode (docs/design.md 1.1 step 5): x^ = H (fp32(q) * s_q) / sqrt(G) / s_a."""
     g = q.shape[1]
     return (q.view(fp8).float() * s_q) @ h / math.sqrt(g) / s_a
 

@@ -1,4 +1,4 @@
-"""Walsh-Hadamard transform over groups (DESIGN.md 1.1 step 2).
+"""Walsh-Hadamard transform over groups (docs/design.md 1.1 step 2).
 
 The Sylvester matrix H_G has entries +-1 and H_G @ H_G = G * I, so H_G / sqrt(G) is orthonormal
 and its own inverse. Groups are rotated by a dense [G, G] matmul: exact +-1 products, fp32

@@ -1,4 +1,4 @@
-"""Compressed collectives on stock torch.distributed (DESIGN.md 1.3; gloo on CPU, NCCL on GPU).
+"""Compressed collectives on stock torch.distributed (docs/design.md 1.3; gloo on CPU, NCCL on GPU).
 
     y = taco.comm.all_reduce(x, group, codec="taco")              # two-shot, fp32 sums
     y = taco.comm.all_gather(x, group, dim=0)                     # concatenation along dim

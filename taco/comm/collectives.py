@@ -1,6 +1,6 @@
 """Compressed collectives on stock torch.distributed: all_reduce, all_gather, reduce_scatter, send, recv.
 
-Why this file exists: it is the public face of `taco.comm` (DESIGN.md 2.1). Each function picks a
+Why this file exists: it is the public face of `taco.comm` (docs/design.md 2.1). Each function picks a
 codec (the argument when given; else the policy, or "taco" without one), validates, and runs either
 the plain torch.distributed collective (codec None/"none": bit-identical, on a copy) or the
 compressed algorithm of `compressed.py`. Inputs are never modified; results are new tensors in
@@ -214,7 +214,7 @@ def all_reduce(
     policy: CommPolicy | None = None,
     slices: int | None = None,
 ) -> torch.Tensor | Handle:
-    """Sum of x over the group's ranks, the same on every rank (DESIGN.md 1.3, two-shot).
+    """Sum of x over the group's ranks, the same on every rank (docs/design.md 1.3, two-shot).
 
     x: any shape, bf16/fp16/fp32 (others go plain) -> a new tensor of x's shape and dtype.
     `slices=k` pipelines exactly k slices (encoding slice i+1 and decoding slice i-1 overlap

@@ -1,4 +1,4 @@
-"""The compressed algorithms of DESIGN.md 1.3 as step generators (see `handles.py`).
+"""The compressed algorithms of docs/design.md 1.3 as step generators (see `handles.py`).
 
 Why this file exists: it is the only place that lays encoded chunks into uint8 buffers and moves
 them with stock torch.distributed collectives; `collectives.py` only chooses between this and
@@ -85,7 +85,7 @@ def _decode(codec: Codec, buf: torch.Tensor, shape: tuple[int, ...], dtype: torc
 
 
 class AllReduceSlice:
-    """Two-shot all-reduce of one slice (DESIGN.md 1.3), in three steps.
+    """Two-shot all-reduce of one slice (docs/design.md 1.3), in three steps.
 
     The slice is one range of `src`/`dst` per rank: `ranges[j] = (offset, size)` is the part
     of rank j's chunk that rank j reduces.

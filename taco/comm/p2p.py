@@ -1,7 +1,7 @@
 """Compressed point-to-point transfers for pipeline parallelism: encode -> send -> decode.
 
 Why this file exists: PP stages exchange activations and activation gradients with send/recv
-(DESIGN.md 1.5); the payload goes through the same codecs and policy as TP collectives. `dst` and
+(docs/design.md 1.5); the payload goes through the same codecs and policy as TP collectives. `dst` and
 `src` are global ranks, as in torch.distributed. Both ends must name the same codec (or policy
 site) and the receiver's `like` must match the sender's shape and dtype: with the size check on
 (CPU by default, `CommPolicy.check_sizes`) a mismatch raises ValueError on the receiver instead

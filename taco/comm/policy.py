@@ -1,6 +1,6 @@
 """Which codec each call site uses, and the state a run of collectives keeps between calls.
 
-Why this file exists: TP traffic differs per site (DESIGN.md 1.3-1.4): a down-projection gradient
+Why this file exists: TP traffic differs per site (docs/design.md 1.3-1.4): a down-projection gradient
 may need "none" while attention outputs take "taco", and messages below a size are cheaper
 uncompressed. A `CommPolicy` holds that decision (default codec, fnmatch overrides, `min_bytes`,
 `slices`) together with its `CommStats` and a `BufferCache` shared by all its sites; nothing is

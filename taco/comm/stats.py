@@ -1,6 +1,6 @@
 """Per-site communication statistics: bytes each call site sent, and where its time went.
 
-Why this file exists: whether compression pays off is decided per call site (DESIGN.md 1.4):
+Why this file exists: whether compression pays off is decided per call site (docs/design.md 1.4):
 bytes saved against codec time, fallbacks, non-finite results. The numbers live in a `CommStats`
 owned by a `CommPolicy` (no global state), keyed by site name (`layers.3.mlp.down.fwd`), or by
 the operation name for calls without a site. NaN/Inf results are looked for in a sample of the

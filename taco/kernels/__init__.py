@@ -1,4 +1,4 @@
-"""Fused compression operators for the codec families (DESIGN.md 2: codec <- kernels <- comm).
+"""Fused compression operators for the codec families (docs/design.md 2: codec <- kernels <- comm).
 
 Importing this package registers two backends in `taco.codec`'s registry:
 - "compile" (CPU): one native C pass per batch of groups, built once per machine (`native.py`,
@@ -15,7 +15,7 @@ codec's `axis=-1`; each falls back to the reference composition where no fused p
 - `encode_into(codec, x, out)`: x (any float dtype) -> out, the codec's exact wire bytes;
 - `decode_from(codec, buf, numel, dtype)`: one wire chunk -> `numel` values of `dtype`;
 - `decode_sum_encode(codec, bufs, numel, own=None, own_index=0)`: the middle of the two-shot
-  all-reduce (DESIGN.md 1.3): N consecutive chunks of `numel` elements (and optionally the local
+  all-reduce (docs/design.md 1.3): N consecutive chunks of `numel` elements (and optionally the local
   raw values as term `own_index`) -> decode each in fp32, sum in order, re-encode; one pass.
 The codecs use the first two on their own (`register_backend(..., encode_into, decode_from)`), so
 `codec.encode`/`codec.decode` skip the fp32 copies once this package is imported.

@@ -4,7 +4,7 @@ Why fused: the eager reference makes ~15 passes over fp32 copies of the tensor; 
 makes one pass from the input dtype straight to the wire layout `[q: ng*G][s_0 fp32 x ng][s_1]`.
 Imported lazily by `taco.kernels` (never at `import taco`), only where triton is importable.
 
-Per tile of R groups (DESIGN.md 1.1): load, stats, adaptive scale (taco), Walsh-Hadamard rotation,
+Per tile of R groups (docs/design.md 1.1): load, stats, adaptive scale (taco), Walsh-Hadamard rotation,
 max, scale, FP8/INT cast, store payload and scales. The rotation is a tensor-core `tl.dot` with the
 Sylvester matrix (+-1, exact in bf16, generated in registers): fp32 operands are split exactly into
 up to three bf16 parts (bf16 input: one part; fp16: two; fp32 or scaled: three) so every product is
@@ -141,7 +141,7 @@ def _encode_tile(
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Encode a [R, G] fp32 tile of groups `rows` (DESIGN.md 1.1 steps 1-4, or the one-scale codecs)."""
+    """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs)."""
     cols = tl.arange(0, G)
     rmask = rows < ng
     sa = tl.zeros((R,), tl.float32)
@@ -188,7 +188,7 @@ def _decode_tile(
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Decode the groups `rows` to a [R, G] fp32 tile (DESIGN.md 1.1 step 5)."""
+    """Decode the groups `rows` to a [R, G] fp32 tile (docs/design.md 1.1 step 5)."""
     cols = tl.arange(0, G)
     rmask = rows < ng
     b = tl.load(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], mask=rmask[:, None], other=0)

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from taco.models.gpt import GPT, GPTConfig
-from taco.models.hf import load_hf_checkpoint, save_hf_checkpoint
+from taco.models.hf import load_hf_checkpoint, read_hf_config, save_hf_checkpoint
 from taco.models.plans import check_tp_size, resolve_plan, sites, tp_plan
 from taco.models.presets import PRESETS, SIZE_DEFAULTS, SIZE_KEYS, ffn_size
 from taco.models.qwen import Qwen, QwenConfig
@@ -29,6 +29,7 @@ __all__ = [
     "check_tp_size",
     "load_hf_checkpoint",
     "model_config",
+    "read_hf_config",
     "resolve_plan",
     "save_hf_checkpoint",
     "sites",
@@ -59,6 +60,7 @@ def model_config(kind: str, **sizes: Any) -> GPTConfig | QwenConfig:
         raise ValueError(f"{kind} model needs vocab_size > 0 (0 = the tokenizer's: pass that number)")
     if s["n_head"] < 1:
         raise ValueError(f"n_head must be >= 1, got {s['n_head']}")
+    positions = s["max_positions"] or s["seq_len"]  # GPT's position table, Qwen's declared context
     if kind == "gpt":
         fixed = dict(n_kv_head=s["n_head"], head_dim=s["hidden"] // s["n_head"], intermediate=4 * s["hidden"])
         for name, only in fixed.items():  # GPT-2's shapes follow from hidden and n_head alone
@@ -69,7 +71,7 @@ def model_config(kind: str, **sizes: Any) -> GPTConfig | QwenConfig:
         # rope_theta does not apply: GPT has learned positions
         return GPTConfig(
             vocab_size=s["vocab_size"], n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["hidden"],
-            block_size=s["seq_len"], dropout=s["dropout"], tie_embeddings=s["tie_embeddings"],
+            block_size=positions, dropout=s["dropout"], tie_embeddings=s["tie_embeddings"],
             layer_norm_eps=s["norm_eps"],
         )  # fmt: skip
     if s["dropout"]:
@@ -79,7 +81,7 @@ def model_config(kind: str, **sizes: Any) -> GPTConfig | QwenConfig:
         intermediate_size=ffn_size(kind, s["hidden"], s["intermediate"]), num_hidden_layers=s["n_layer"],
         num_attention_heads=s["n_head"], num_key_value_heads=s["n_kv_head"] or s["n_head"],
         head_dim=s["head_dim"] or None, rope_theta=s["rope_theta"], rms_norm_eps=s["norm_eps"],
-        max_position_embeddings=s["seq_len"], tie_word_embeddings=s["tie_embeddings"], qk_norm=s["qk_norm"],
+        max_position_embeddings=positions, tie_word_embeddings=s["tie_embeddings"], qk_norm=s["qk_norm"],
     )  # fmt: skip
 
 

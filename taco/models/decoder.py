@@ -44,6 +44,26 @@ class Decoder(nn.Module):
                 n -= emb.weight.numel() if emb is not None else 0
         return n
 
+    def resize_vocab(self, vocab_size: int) -> None:
+        """Give ``tok_emb`` and ``lm_head`` ``vocab_size`` token rows, in place: the first rows kept,
+        new rows zero (padding a vocabulary so that vocab-parallel layers shard it evenly), extra
+        rows dropped (stripping that padding). Tied weights stay tied; ``config.vocab_size`` follows."""
+        old_emb, old_head = self.tok_emb.weight, self.lm_head.weight
+        tied = old_head is old_emb
+        keep = min(old_emb.shape[0], vocab_size)
+
+        def rows(w: torch.Tensor) -> nn.Parameter:
+            new = w.new_zeros(vocab_size, w.shape[1])  # [V', h]
+            new[:keep] = w[:keep]
+            return nn.Parameter(new, requires_grad=w.requires_grad)
+
+        with torch.no_grad():
+            self.tok_emb = nn.Embedding(vocab_size, old_emb.shape[1], _weight=rows(old_emb))
+            head = nn.Linear(old_head.shape[1], vocab_size, bias=False, device="meta")
+            head.weight = self.tok_emb.weight if tied else rows(old_head)
+            self.lm_head = head
+        self.config.vocab_size = vocab_size
+
     def init_weights(self, n_layer: int, norms: tuple[type[nn.Module], ...]) -> None:
         """The random init above, in place; ``norms`` are the norm classes whose gain starts at one."""
         resid_std = 0.02 / math.sqrt(2 * n_layer)

@@ -3,7 +3,9 @@
 Why this file exists: fine-tuning starts from published weights, and exporting lets Hugging Face
 tools read what we trained. A checkpoint directory holds ``config.json`` and either one
 ``*.safetensors`` file or ``model.safetensors.index.json`` with its shards. Supported
-``model_type``: ``gpt2``, ``qwen2``, ``qwen3``. Nothing is ever downloaded.
+``model_type``: ``gpt2``, ``qwen2``, ``qwen3``. Nothing is ever downloaded. A vocabulary padded
+for tensor parallelism (``Decoder.resize_vocab``) is written back at its own size with
+``save_hf_checkpoint(model, path, vocab_size=...)``.
 
 Name mapping (ours <- Hugging Face):
 
@@ -178,18 +180,26 @@ def _qwen_config_json(cfg: QwenConfig, tied: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _from_ours(model: nn.Module) -> tuple[dict[str, Any], Tensors]:
-    """Hugging Face ``config.json`` content and tensors for ``model``."""
+def _from_ours(model: nn.Module, vocab_size: int | None = None) -> tuple[dict[str, Any], Tensors]:
+    """Hugging Face ``config.json`` content and tensors for ``model`` (its first ``vocab_size`` tokens)."""
     tied = model.lm_head.weight is model.tok_emb.weight
     state = {k: v.detach() for k, v in model.state_dict().items()}
     if tied:
         del state["lm_head.weight"]  # Hugging Face re-ties it from tie_word_embeddings
+    rows = model.tok_emb.weight.shape[0]
+    vocab = rows if vocab_size is None else vocab_size
+    if not 0 < vocab <= rows:
+        raise ValueError(f"vocab_size = {vocab_size}: the model has {rows} token rows; give 1..{rows}")
+    for key in ("tok_emb.weight", "lm_head.weight"):
+        if key in state:
+            state[key] = state[key][:vocab]  # strip a padded vocabulary
     if isinstance(model, GPT):
         hf_cfg = _gpt2_config_json(model.config, tied)
     elif isinstance(model, Qwen):
         hf_cfg = _qwen_config_json(model.config, tied)
     else:
         raise TypeError(f"cannot export {type(model).__name__}: only GPT and Qwen models are supported")
+    hf_cfg["vocab_size"] = vocab
     gpt = hf_cfg["model_type"] == "gpt2"
     prefix, layers, top, layer = _names(hf_cfg["model_type"])
     out: Tensors = {}
@@ -229,14 +239,11 @@ def _read_tensors(path: Path) -> Tensors:
     return tensors
 
 
-def load_hf_checkpoint(
-    path: str | Path, model_cls: type[nn.Module] | None = None
-) -> tuple[nn.Module, GPTConfig | QwenConfig]:
-    """Build a model from a local Hugging Face checkpoint directory; return ``(model, config)``.
+def read_hf_config(path: str | Path) -> tuple[str, GPTConfig | QwenConfig]:
+    """``(model_type, config)`` of a local Hugging Face checkpoint directory, from its ``config.json``.
 
-    ``model_cls`` replaces the default class (``GPT`` or ``Qwen``); it is called with the config.
-    Raises ``FileNotFoundError`` for a missing directory/file and ``ValueError`` for an unsupported
-    ``model_type``, missing or unexpected tensors, or shape mismatches.
+    Raises ``FileNotFoundError`` for a missing directory or file and ``ValueError`` for an unsupported
+    ``model_type`` or architecture.
     """
     path = Path(path)
     if not path.is_dir():
@@ -250,9 +257,22 @@ def load_hf_checkpoint(
             f"unsupported model_type {model_type!r} in {path / 'config.json'}; supported: gpt2, qwen2, qwen3"
         )
     try:
-        config = _gpt_config(hf_cfg) if model_type == "gpt2" else _qwen_config(hf_cfg)
+        return model_type, _gpt_config(hf_cfg) if model_type == "gpt2" else _qwen_config(hf_cfg)
     except KeyError as e:
         raise ValueError(f"{path / 'config.json'} lacks the field {e} that {model_type} needs") from None
+
+
+def load_hf_checkpoint(
+    path: str | Path, model_cls: type[nn.Module] | None = None
+) -> tuple[nn.Module, GPTConfig | QwenConfig]:
+    """Build a model from a local Hugging Face checkpoint directory; return ``(model, config)``.
+
+    ``model_cls`` replaces the default class (``GPT`` or ``Qwen``); it is called with the config.
+    Raises ``FileNotFoundError`` for a missing directory/file and ``ValueError`` for an unsupported
+    ``model_type``, missing or unexpected tensors, or shape mismatches.
+    """
+    path = Path(path)
+    model_type, config = read_hf_config(path)
     default_cls = GPT if model_type == "gpt2" else Qwen
     model = (model_cls or default_cls)(config)
     expected = model.state_dict()
@@ -281,11 +301,16 @@ def load_hf_checkpoint(
     return model, config
 
 
-def save_hf_checkpoint(model: nn.Module, path: str | Path) -> Path:
-    """Write ``model`` as a Hugging Face checkpoint (``config.json`` + ``model.safetensors``)."""
+def save_hf_checkpoint(model: nn.Module, path: str | Path, vocab_size: int | None = None) -> Path:
+    """Write ``model`` as a Hugging Face checkpoint (``config.json`` + ``model.safetensors``).
+
+    ``vocab_size``: write only the first ``vocab_size`` token rows of ``tok_emb``/``lm_head`` and
+    declare that vocabulary (strips the padding of a vocabulary padded for tensor parallelism, so
+    transformers reloads the original shape); None = every row.
+    """
     from safetensors.torch import save_file
 
-    hf_cfg, tensors = _from_ours(model)
+    hf_cfg, tensors = _from_ours(model, vocab_size)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf_cfg["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")

@@ -8,7 +8,8 @@ translates its neutral names into `GPTConfig`/`QwenConfig`, and `taco.train.conf
 config layer reads it before any model exists.
 
 `SIZE_DEFAULTS` gives every neutral name its default; a 0 means "derived": `vocab_size` from the
-tokenizer, `n_kv_head` = n_head, `head_dim` = hidden // n_head, `intermediate` = `ffn_size(...)`.
+tokenizer, `n_kv_head` = n_head, `head_dim` = hidden // n_head, `intermediate` = `ffn_size(...)`,
+`max_positions` = seq_len.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SIZE_DEFAULTS: dict[str, Any] = dict(
     qk_norm=False,
     rope_theta=10000.0,
     norm_eps=1e-5,
+    max_positions=0,
 )
 
 # The neutral size vocabulary: what a preset, `model_config` and `[model]` have in common.

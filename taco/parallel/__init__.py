@@ -1,7 +1,7 @@
 """Parallelism on top of `taco.comm`: the mesh, TP/SP mappings and layers, vocab-parallel loss.
 
 `taco.parallel.pipeline` and `taco.parallel.data_parallel` compose them with compressed
-pipeline and data parallelism (the 3D mesh, DESIGN.md 1.5).
+pipeline and data parallelism (the 3D mesh, docs/design.md 1.5).
 """
 
 from .cross_entropy import gather_logits, vocab_parallel_cross_entropy

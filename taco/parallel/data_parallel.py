@@ -1,6 +1,6 @@
 """Data parallelism: PyTorch DDP over the DP group, gradient buckets compressed by a comm hook.
 
-Why this file exists: the DP axis of the 3D mesh (DESIGN.md 1.5) reuses existing engines, with
+Why this file exists: the DP axis of the 3D mesh (docs/design.md 1.5) reuses existing engines, with
 our codecs. `wrap_data_parallel` wraps a module (a pipeline stage) in stock
 `DistributedDataParallel` over the DP group; with a codec it registers a communication hook that
 reduces each gradient bucket SDP4Bit-style (arXiv 2410.15526: Hadamard rotation + 8-bit, or

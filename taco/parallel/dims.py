@@ -1,6 +1,6 @@
 """The (dp, pp, tp) device mesh: one validated dataclass that builds every process group.
 
-TP is innermost (DESIGN.md 1.5): global rank = (dp_rank * pp + pp_rank) * tp + tp_rank, so
+TP is innermost (docs/design.md 1.5): global rank = (dp_rank * pp + pp_rank) * tp + tp_rank, so
 the ranks of one TP group are contiguous and share the fastest links.
 """
 

@@ -1,6 +1,6 @@
 """Pipeline parallelism: cut a model into stages and run micro-batches through them (1F1B, GPipe).
 
-Why this file exists: the PP axis of the 3D mesh (DESIGN.md 1.5). A `PipelineStage` keeps the
+Why this file exists: the PP axis of the 3D mesh (docs/design.md 1.5). A `PipelineStage` keeps the
 layers of one contiguous range (embedding on the first stage, final norm and head on the last);
 a `PipelineEngine` runs a schedule of micro-batches over the stages, moving activations forward
 and activation gradients backward with `taco.comm.send/recv`, through a codec per direction

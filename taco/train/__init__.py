@@ -1,1 +1,2 @@
-"""Training front end: configuration, data pipeline, trainer, checkpoints and the `taco` CLI."""
+"""Training front end: configuration, data pipeline, trainer, checkpoints, fine-tuning a Hugging Face
+checkpoint (`finetune.py`), exporting a run to one (`export.py`) and the `taco` CLI."""

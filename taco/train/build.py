@@ -15,9 +15,42 @@ from torch import nn
 from taco.comm import CommPolicy
 from taco.train.config import Config
 
+VOCAB_MULTIPLE = 128
+"""Vocabularies are padded to a multiple of this (Megatron's make-vocab-size-divisible-by)."""
+
+
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    """`vocab_size` rounded up to a multiple of `multiple`."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def model_vocab(cfg: Config, data_vocab: int) -> tuple[int, int | None]:
+    """(rows of the model's embedding and head, the real vocabulary the loss masks to or None).
+
+    Random init: `model.vocab_size`, or 0 = the data's tokenizer padded to a multiple of 128 (the
+    padded rows are part of the model, never targets, and learn to stay low; the model is the same
+    for every tp). `model.init_from`: the checkpoint's vocabulary padded to a multiple of 128 * tp,
+    the padded logits masked out of the loss, so training is exactly the unpadded model's.
+    """
+    m = cfg.model
+    if not m.init_from:
+        return m.vocab_size or padded_vocab(data_vocab, VOCAB_MULTIPLE), None
+    from taco.models import read_hf_config
+
+    real = read_hf_config(m.init_from)[1].vocab_size
+    if data_vocab > real:
+        raise ValueError(
+            f"the data's tokenizer has {data_vocab} tokens but the checkpoint model.init_from = "
+            f"{m.init_from!r} has a vocabulary of {real}: tokenize with the checkpoint's tokenizer, "
+            f"`taco data prepare --text PATH --tokenizer DIR` (DIR holding its tokenizer.json), "
+            "or --data.tokenizer=DIR"
+        )
+    return padded_vocab(real, VOCAB_MULTIPLE * cfg.parallel.tp), real
+
 
 def build_model(cfg: Config, vocab_size: int) -> nn.Module:
-    """The full (unsharded) model of `cfg.model`, initialised from `train.seed` or an HF checkpoint."""
+    """The full (unsharded) model of `cfg.model` with `vocab_size` token rows (`model_vocab`),
+    initialised from `train.seed` or, padded with zero rows, from the HF checkpoint `model.init_from`."""
     from taco.models import build_model as build
     from taco.models import load_hf_checkpoint
     from taco.models.presets import SIZE_KEYS
@@ -25,11 +58,11 @@ def build_model(cfg: Config, vocab_size: int) -> nn.Module:
     m = cfg.model
     if m.init_from:
         model, _ = load_hf_checkpoint(m.init_from)
-        if model.tok_emb.num_embeddings != vocab_size:
+        if vocab_size < model.tok_emb.num_embeddings:
             raise ValueError(
-                f"model.init_from has vocab {model.tok_emb.num_embeddings} but the data's tokenizer has "
-                f"{vocab_size}: prepare data with the checkpoint's tokenizer"
+                f"vocab_size = {vocab_size} is smaller than the checkpoint's {model.tok_emb.num_embeddings}"
             )
+        model.resize_vocab(vocab_size)
         return model
     torch.manual_seed(cfg.train.seed)
     sizes = {key: getattr(m, key) for key in SIZE_KEYS}  # the [model] names are the neutral size names

