@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taco.models.presets import PRESETS
+from taco.train.config.choices import DatasetKind
 from taco.train.config.schema import (
     CompressionConfig,
     DataConfig,
-    DatasetKind,
     ModelConfig,
     ParallelConfig,
     TrainConfig,

@@ -12,7 +12,6 @@ TOML is `writing.py`.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import typing
 from dataclasses import dataclass, field
@@ -21,70 +20,17 @@ from typing import Any
 
 from taco.models.presets import PRESETS, SIZE_DEFAULTS, ffn_size
 from taco.parallel.dims import ParallelDims
+from taco.train.config.choices import (
+    Backend,
+    CommDtype,
+    DatasetKind,
+    Device,
+    Dtype,
+    ModelKind,
+    PPSchedule,
+    _Choice,
+)
 from taco.train.config.coerce import coerce
-
-# ----------------------------------------------------------------------------- enums
-
-
-class _Choice(str, enum.Enum):
-    """A string enum: compares equal to its value and prints as its value (`f"{x}"` -> "1f1b")."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> _Choice:
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            for member in cls:
-                if member.value == value.strip().lower():
-                    return member
-        choices = ", ".join(repr(m.value) for m in cls)
-        raise ValueError(f"{where}: got {value!r}, expected one of {choices}")
-
-
-class ModelKind(_Choice):
-    GPT = "gpt"
-    QWEN = "qwen"
-
-
-class PPSchedule(_Choice):
-    ONE_F_ONE_B = "1f1b"
-    GPIPE = "gpipe"
-
-
-class Backend(_Choice):
-    AUTO = "auto"
-    GLOO = "gloo"
-    NCCL = "nccl"
-
-
-class Device(_Choice):
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class Dtype(_Choice):
-    FP32 = "fp32"
-    BF16 = "bf16"
-
-
-class CommDtype(_Choice):
-    AUTO = "auto"
-    INPUT = "input"
-    FP32 = "fp32"
-    BF16 = "bf16"
-
-
-class DatasetKind(_Choice):
-    SHAKESPEARE = "shakespeare"
-    TOKENS = "tokens"
-    TEXT = "text"
 
 
 def field_docs(section: type) -> dict[str, str]:

@@ -15,9 +15,10 @@ import textwrap
 import typing
 from typing import Any
 
+from taco.train.config.choices import _Choice
 from taco.train.config.coerce import type_name
 from taco.train.config.run import _SECTIONS, Config
-from taco.train.config.schema import _Choice, field_docs
+from taco.train.config.schema import field_docs
 
 
 def _toml_str(text: str) -> str:
