@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec
-from ..codec.base import FLOAT_DTYPES
+from ..codec.base import FLOAT_DTYPES, check_axis
 from .buffers import BufferCache
 from .compressed import (
     Ctx,
@@ -93,6 +93,8 @@ class _Call:
                 f"tensors, got {x.dtype}; send integer/bool/complex tensors uncompressed with "
                 "codec='none' (or a policy override for this site)"
             )
+        if self.codec is not None:
+            check_axis(self.codec, x.shape)  # before any communication, like every argument check
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.rank < 0:
@@ -240,7 +242,7 @@ def all_reduce(
     if x.numel() == 0:
         return call.run(_copy(x), async_op)
     # Codecs that group along another axis (data-driven reshaping) see that axis last in memory.
-    axis = getattr(call.codec, "axis", -1) % max(x.dim(), 1)
+    axis = call.codec.axis % max(x.dim(), 1)  # in range: checked by _Call
     moved = x.dim() >= 2 and axis != x.dim() - 1
     xm = x.movedim(axis, -1) if moved else x
     src = xm.reshape(-1)

@@ -1,0 +1,98 @@
+"""API edges (issue 15 items 4, 5, 10): each misuse is one clear error naming the fix, never a
+silent wrong answer or a hang, and the opt-in inductor backend survives many shapes."""
+
+import math
+
+import pytest
+import torch
+
+import taco
+import taco.comm as tc
+import taco.kernels  # noqa: F401 - registers the backends
+
+
+# -- item 10: API edges ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["taco", "int8-group", "fp8-group"])
+def test_axis_out_of_range_is_a_value_error_at_encode(name):
+    codec = taco.get_codec(name, axis=2, backend="eager")
+    with pytest.raises(ValueError, match=r"axis=2 is out of range for a 2-d tensor.*\[-2, 1\]"):
+        codec.encode(torch.randn(4, 64))  # used to mean axis 0 (2 % 2) silently
+    codec = taco.get_codec(name, axis=-3, backend="eager")
+    with pytest.raises(ValueError, match="axis=-3 is out of range"):
+        codec.encode(torch.randn(4, 64))  # used to be an IndexError from movedim
+    with pytest.raises(ValueError, match="axis=5 is out of range for a 3-d tensor"):
+        c5 = taco.get_codec(name, axis=5)
+        c5.decode(c5.wrap(torch.empty(0, dtype=torch.uint8), (0, 2, 3), torch.float32))
+    with pytest.raises(TypeError, match="axis must be an int"):
+        taco.get_codec(name, axis=1.0)
+    # in range, including on flat (1-D) chunks, where grouping follows memory order
+    x = torch.randn(4, 64)
+    for axis in (-2, -1, 0, 1):
+        y = taco.get_codec(name, axis=axis, backend="eager").roundtrip(x)
+        assert y.shape == x.shape, axis
+    assert taco.get_codec(name, axis=1).roundtrip(torch.randn(256)).shape == (256,)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_collectives_reject_an_axis_out_of_range_before_communicating(op):
+    # all_reduce moves the grouping axis last itself (it used to take axis % ndim, silently);
+    # checked with the other arguments, before torch.distributed is touched
+    codec = taco.get_codec("int8-group", axis=2)
+    with pytest.raises(ValueError, match="axis=2 is out of range for a 2-d tensor"):
+        getattr(tc, op)(torch.randn(4, 64), codec=codec)
+
+
+@pytest.mark.parametrize("name", ["taco", "none", "fp8-tensor", "int4-hadamard"])
+def test_decode_out_must_match_shape_dtype_and_device(name):
+    codec = taco.get_codec(name)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    p = codec.encode(x)
+    good = torch.empty(4, 64, dtype=torch.bfloat16)
+    assert codec.decode(p, out=good) is good
+    assert torch.equal(good, codec.decode(p))
+    # a non-contiguous view of the right shape is fine (the collectives decode into slices)
+    wide = torch.empty(4, 128, dtype=torch.bfloat16)
+    codec.decode(p, out=wide[:, :64])
+    assert torch.equal(wide[:, :64], good)
+    for bad, what in (
+        (torch.empty(1, 4, 64, dtype=torch.bfloat16), r"shape \(1, 4, 64\)"),  # broadcastable
+        (torch.empty(64, dtype=torch.bfloat16), r"shape \(64,\)"),  # broadcastable
+        (torch.empty(4, 64, dtype=torch.float32), "dtype torch.float32"),
+        (torch.empty(256, dtype=torch.bfloat16), r"shape \(256,\)"),
+        (torch.empty(4, 64, dtype=torch.bfloat16, device="meta"), "device meta"),
+    ):
+        with pytest.raises(ValueError, match=f"out must be .*shape \\(4, 64\\).*bfloat16.*got .*{what}"):
+            codec.decode(p, out=bad)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        codec.decode(p, out=good.tolist())
+
+
+@pytest.mark.parametrize("lam", [math.inf, -math.inf, math.nan, 0.0, -1e-6, "1e-6", True])
+def test_taco_lam_must_be_finite_and_positive(lam):
+    err = TypeError if isinstance(lam, (str, bool)) else ValueError
+    with pytest.raises(err, match="lam"):
+        taco.get_codec("taco", lam=lam)
+
+
+@pytest.mark.parametrize("target", [math.inf, math.nan, 0.0, -3.0, 449.0, "448"])
+def test_taco_target_must_be_finite_positive_and_within_the_format(target):
+    err = TypeError if isinstance(target, str) else ValueError
+    with pytest.raises(err, match="target"):
+        taco.get_codec("taco", target=target)
+
+
+def test_valid_numeric_options_still_accepted():
+    c = taco.get_codec("taco", lam=1e-3, target=100, fmt="e5m2")
+    assert c.lam == 1e-3 and c.target == 100.0 and "lam=0.001" in c.spec
+    assert taco.get_codec("taco", target=448).target == 448.0
+    for fmt in ("e3m4", None, 4):
+        with pytest.raises((ValueError, TypeError), match="fmt|format"):
+            taco.get_codec("taco", fmt=fmt)
+        with pytest.raises((ValueError, TypeError), match="fmt|format"):
+            taco.get_codec("fp8-group", fmt=fmt)
+
+
+def test_calibrate_rejects_an_axis_candidate_out_of_range_for_a_sample():
+    cands = [{"codec": "int8-group", "group_size": 128, "axis": 2}]
+    with pytest.raises(ValueError, match="axis=2 is out of range"):
+        taco.codec.calibrate([torch.randn(8, 128)], cands)
