@@ -92,6 +92,17 @@ def test_valid_numeric_options_still_accepted():
             taco.get_codec("fp8-group", fmt=fmt)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_calibrate_rejects_non_finite_samples_naming_the_sample(bad):
+    good = torch.randn(8, 128)
+    poisoned = torch.randn(8, 128)
+    poisoned[3, 5] = bad
+    cands = [{"codec": "int8-group", "group_size": 128, "axis": a} for a in (-1, 0)]
+    with pytest.raises(ValueError, match=r"sample 1 .*1 non-finite.*of 1024"):
+        taco.codec.calibrate([good, poisoned, good], cands)
+    assert taco.codec.calibrate([good, good], cands).codec == "int8-group"  # finite: unchanged
+
+
 def test_calibrate_rejects_an_axis_candidate_out_of_range_for_a_sample():
     cands = [{"codec": "int8-group", "group_size": 128, "axis": 2}]
     with pytest.raises(ValueError, match="axis=2 is out of range"):
