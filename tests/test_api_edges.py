@@ -9,6 +9,7 @@ import torch
 import taco
 import taco.comm as tc
 import taco.kernels  # noqa: F401 - registers the backends
+from taco.comm.handles import Handle
 
 
 # -- item 10: API edges ---------------------------------------------------------------------------
@@ -90,6 +91,31 @@ def test_valid_numeric_options_still_accepted():
             taco.get_codec("taco", fmt=fmt)
         with pytest.raises((ValueError, TypeError), match="fmt|format"):
             taco.get_codec("fp8-group", fmt=fmt)
+
+
+def _failing_steps():
+    yield
+    raise RuntimeError("connection reset by peer")
+
+
+def test_handle_wait_after_a_failure_raises_again():
+    h = Handle.start(_failing_steps())
+    with pytest.raises(RuntimeError, match="connection reset by peer"):
+        h.wait()
+    with pytest.raises(RuntimeError, match="failed in an earlier wait.*connection reset") as info:
+        h.wait()  # used to return None
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "connection reset by peer" in str(info.value.__cause__)
+    assert h.is_completed()
+
+
+def test_handle_callbacks_do_not_run_after_a_failure():
+    seen = []
+    h = Handle.start(_failing_steps()).then(seen.append)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            h.wait()
+    assert seen == []
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
