@@ -2,6 +2,7 @@
 silent wrong answer or a hang, and the opt-in inductor backend survives many shapes."""
 
 import math
+import time
 
 import pytest
 import torch
@@ -10,6 +11,44 @@ import taco
 import taco.comm as tc
 import taco.kernels  # noqa: F401 - registers the backends
 from taco.comm.handles import Handle
+from tests.dist import run_distributed
+
+
+# -- item 5: ranks calling different collectives fail fast ----------------------------------------
+def _mismatch_body(rank: int, world: int) -> str:
+    x = torch.randn(4, 64)
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            tc.all_gather(x, codec="taco")
+        else:
+            tc.reduce_scatter(x, codec="taco")
+    except ValueError as e:
+        took = time.monotonic() - t0
+        assert took < 10, f"rank {rank}: the mismatch took {took:.1f}s to report"
+        return str(e)
+    raise AssertionError(f"rank {rank}: all_gather vs reduce_scatter raised nothing")
+
+
+def test_ranks_calling_different_collectives_raise_on_every_rank_quickly():
+    msgs = run_distributed(_mismatch_body, 2, timeout=20)
+    for rank, msg in enumerate(msgs):
+        assert "ranks disagree" in msg, f"rank {rank}: {msg}"
+        assert "rank 0: all_gather" in msg and "rank 1: reduce_scatter" in msg, f"rank {rank}: {msg}"
+        assert "taco(group_size=128" in msg and "dim=0" in msg, f"rank {rank}: {msg}"
+
+
+def _dim_mismatch_body(rank: int, world: int) -> str:
+    try:
+        tc.all_gather(torch.randn(4, 4), codec="taco", dim=rank)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError(f"rank {rank}: all_gather along different dims raised nothing")
+
+
+def test_ranks_gathering_along_different_dims_raise():
+    for rank, msg in enumerate(run_distributed(_dim_mismatch_body, 2, timeout=20)):
+        assert "dim=0" in msg and "dim=1" in msg, f"rank {rank}: {msg}"
 
 
 # -- item 10: API edges ---------------------------------------------------------------------------

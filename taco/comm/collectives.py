@@ -125,10 +125,11 @@ class _Call:
             log.warning("taco.comm.%s site %r: %s; using the plain collective", self.op, self.name, reason)
 
     def check_same(self, extra: str = "") -> None:
-        """Raise ValueError on every rank if shape/dtype/codec differ (`CommPolicy.check_sizes`)."""
+        """Raise ValueError on every rank if the operation, shape, dtype, codec or `extra` (dim,
+        slices) differ (`CommPolicy.check_sizes`): ranks in different collectives would hang."""
         if not self.wants_check() or self.world == 1:
             return
-        desc = self.describe(extra)
+        desc = f"{self.op} {self.describe(extra)}"  # the operation too: all_gather vs reduce_scatter
         mine = torch.tensor([zlib.crc32(desc.encode())], dtype=torch.int64, device=self.x.device)
         every = torch.empty(self.world, dtype=torch.int64, device=self.x.device)
         all_gather_into(every, mine, group=self.group)
@@ -136,7 +137,11 @@ class _Call:
             descs: list = [None] * self.world
             dist.all_gather_object(descs, desc, group=self.group)
             lines = "; ".join(f"rank {i}: {d}" for i, d in enumerate(descs))
-            raise ValueError(f"taco.comm.{self.op}: ranks disagree on the message ({lines})")
+            raise ValueError(
+                f"taco.comm.{self.op}: ranks disagree on the message ({lines}); every rank of the "
+                "group must make the same collective call (operation, shape, dtype, codec, dim) in "
+                "the same order"
+            )
 
     def wants_check(self) -> bool:
         if self.policy is not None:
