@@ -1,6 +1,7 @@
 """API edges (issue 15 items 4, 5, 10): each misuse is one clear error naming the fix, never a
 silent wrong answer or a hang, and the opt-in inductor backend survives many shapes."""
 
+import logging
 import math
 import time
 
@@ -11,7 +12,66 @@ import taco
 import taco.comm as tc
 import taco.kernels  # noqa: F401 - registers the backends
 from taco.comm.handles import Handle
+from taco.kernels import inductor
 from tests.dist import run_distributed
+
+
+# -- item 4: the inductor backend past torch._dynamo's recompile limit ---------------------------
+def _codes_match(comp: torch.Tensor, ref: torch.Tensor, ng: int, what: str) -> None:
+    """The wire codes of the compiled path equal the reference's or sit one step away where fp32
+    summation order differs (as in test_kernels_inductor.py)."""
+    a, b = comp[: ng * 128].view(torch.int8).int(), ref[: ng * 128].view(torch.int8).int()
+    assert (a - b).abs().max() <= 1, f"{what}: codes differ by more than one step"
+    assert (a != b).float().mean() < 1e-2, f"{what}: too many codes differ"
+
+
+def test_inductor_backend_survives_more_graphs_than_the_recompile_limit():
+    # Each (codec, fmt, one group or many, grad mode) is a separate graph of the shared fp8
+    # reference functions: 24 of them, three times torch._dynamo's recompile limit of 8, which
+    # used to end in FailOnRecompileLimitHit (fullgraph=True) on the ninth.
+    n = 0
+    for grad in (True, False):
+        for name in ("fp8-group", "taco-1s"):
+            for fmt in ("e4m3", "e5m2"):
+                for shape in ((3, 200), (1, 128), (5, 77)):
+                    x = torch.randn(shape, dtype=torch.bfloat16)
+                    comp = taco.get_codec(name, fmt=fmt, backend="inductor")
+                    ref = taco.get_codec(name, fmt=fmt, backend="eager")
+                    what = f"{name} {fmt} {shape} grad={grad}"
+                    with torch.set_grad_enabled(grad):
+                        p_comp, p_ref = comp.encode(x), ref.encode(x)
+                        _codes_match(p_comp.data, p_ref.data, -(-x.numel() // 128), what)
+                        torch.testing.assert_close(
+                            comp.decode(p_ref), ref.decode(p_ref), rtol=1e-2, atol=1e-5, msg=what
+                        )
+                    n += 1
+    assert n == 24
+
+
+def test_inductor_backend_falls_back_to_eager_bit_identically_and_logs_once(caplog):
+    # Below the limit the graphs compile; past it every new graph runs the eager reference,
+    # which is then bit-identical, and the fallback is logged once per function.
+    fell_back = getattr(inductor, "_FELL_BACK", set())  # functions past the limit, logged once
+    fell_back.clear()
+    with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level(logging.WARNING, "taco.kernels"):
+        for i, n in enumerate((1, 3, 128, 129, 300, 1000, 4096, 77, 513, 2000, 11, 64, 5, 999, 2, 7, 17,
+                               33, 256, 384)):  # fmt: skip
+            x = torch.randn(n, dtype=torch.bfloat16)
+            fmt = ("e4m3", "e5m2")[i % 2]  # two fp8 dtypes: two graphs, one over the limit
+            comp = taco.get_codec("taco", fmt=fmt, backend="inductor")
+            ref = taco.get_codec("taco", fmt=fmt, backend="eager")
+            p_comp, p_ref = comp.encode(x), ref.encode(x)
+            _codes_match(p_comp.data, p_ref.data, -(-n // 128), f"numel {n} {fmt}")
+            y_comp, y_ref = comp.decode(p_ref), ref.decode(p_ref)
+            if fell_back >= {"taco_encode", "taco_decode"}:
+                assert torch.equal(p_comp.data, p_ref.data), f"numel {n}: eager fallback differs"
+                assert torch.equal(y_comp, y_ref), f"numel {n}: eager fallback decode differs"
+            else:
+                torch.testing.assert_close(y_comp, y_ref, rtol=1e-2, atol=1e-5)
+    assert fell_back >= {"taco_encode", "taco_decode"}
+    lines = [r.getMessage() for r in caplog.records if "recompile limit" in r.getMessage()]
+    assert len(lines) == len(fell_back), lines  # once per function, not once per call
+    assert all("eager reference" in line for line in lines)
 
 
 # -- item 5: ranks calling different collectives fail fast ----------------------------------------
