@@ -9,6 +9,7 @@ buffer travels; `nbytes` is its exact size. Collectives that receive a bare buff
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,10 @@ class Codec:
     """
 
     name: str = "?"
+    # The grouping axis (data-driven reshaping): groups run along this dim of a tensor of 2+ dims.
+    # A 1-D tensor is a flat chunk already in grouping order (how collectives and kernels pass
+    # pieces of a tensor whose axis they moved last), grouped in memory order whatever `axis` is.
+    axis: int = -1
 
     def __init__(self) -> None:
         self.spec = self.name
@@ -64,6 +69,7 @@ class Codec:
         on x's device that receives the encoding (lets collectives reuse buffers).
         """
         check_input(x)
+        check_axis(self, x.shape)
         n = x.numel()
         size = self.nbytes(n, x.dtype)
         if out is None:
@@ -83,6 +89,9 @@ class Codec:
             raise TypeError(f"decode expects a Packed, got {type(packed).__name__}")
         if packed.codec != self.spec:
             raise ValueError(f"buffer was encoded by {packed.codec!r}, cannot decode with {self.spec!r}")
+        check_axis(self, packed.shape)
+        if out is not None:
+            check_out(self, out, packed)
         n = packed.numel
         size = self.nbytes(n, packed.dtype)
         if packed.data.dtype != torch.uint8 or packed.data.numel() != size:
@@ -132,6 +141,43 @@ def check_input(x: torch.Tensor) -> None:
             f"codecs take float32/bfloat16/float16 tensors, got {x.dtype}: "
             "cast with x.float() (integer tensors should travel uncompressed, codec='none')"
         )
+
+
+def check_axis(codec: Codec, shape: torch.Size | tuple[int, ...]) -> None:
+    """ValueError unless `codec.axis` names a dim of a tensor of `shape` (checked for 2+ dims; a
+    1-D tensor is a flat chunk in grouping order, see `Codec.axis`)."""
+    n, axis = len(shape), codec.axis
+    if n >= 2 and not -n <= axis < n:
+        raise ValueError(
+            f"{codec.spec}: axis={axis} is out of range for a {n}-d tensor of shape {tuple(shape)}; "
+            f"the grouping axis must be in [-{n}, {n - 1}] (rebuild the codec with a valid axis=)"
+        )
+
+
+def check_out(codec: Codec, out: torch.Tensor, packed: Packed) -> None:
+    """`decode(out=)` must match the decoded tensor exactly: no broadcasting, casting or copying
+    across devices behind the caller's back (host-side facts only: no device sync)."""
+    want = f"shape {tuple(packed.shape)}, dtype {packed.dtype}, device {packed.data.device}"
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{codec.spec}: out must be a torch.Tensor of {want}, got {type(out).__name__}")
+    if out.shape != packed.shape or out.dtype != packed.dtype or out.device != packed.data.device:
+        raise ValueError(
+            f"{codec.spec}: out must be a tensor of {want}, got shape {tuple(out.shape)}, dtype "
+            f"{out.dtype}, device {out.device}; allocate it with torch.empty(packed.shape, "
+            "dtype=packed.dtype, device=packed.data.device) or pass out=None for a new tensor"
+        )
+
+
+def positive_finite(codec: str, option: str, value: object, upper: float | None = None) -> float:
+    """A codec's numeric option as a float: TypeError unless a real number (not bool), ValueError
+    unless finite, > 0 and <= `upper` (when given)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{codec}: {option} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    bound = f" and <= {upper:g}" if upper is not None else ""
+    if not (math.isfinite(v) and v > 0 and (upper is None or v <= upper)):
+        raise ValueError(f"{codec}: {option} must be finite, > 0{bound}; got {option}={value!r}")
+    return v
 
 
 def f32_view(buf: torch.Tensor) -> torch.Tensor:

@@ -52,10 +52,27 @@ def calibrate(
 ) -> CalibrationChoice:
     """Measure each candidate {codec, group_size, axis, ...options} on `samples`; return the best.
 
-    Candidates whose axis does not exist in a sample (1-D tensors) are measured on the last axis.
-    Raises ValueError if there are no samples or no candidate meets the constraints.
+    1-D samples are flat: every candidate groups them in memory order whatever its axis; on samples
+    of 2+ dims an axis out of range raises ValueError (from the codec).
+    Raises ValueError if there are no samples or no candidate meets the constraints, and if any
+    sample holds NaN or Inf: the scores would be NaN/Inf and the choice arbitrary. Such samples
+    are not dropped silently (a NaN in captured activations is worth knowing about): pass only
+    finite samples, e.g. `[s for s in samples if s.isfinite().all()]`.
     """
-    xs = [s.detach() for s in samples]
+    xs = []
+    for i, s in enumerate(samples):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"calibrate: sample {i} is a {type(s).__name__}, expected a torch.Tensor")
+        x = s.detach()
+        if x.is_floating_point() and x.numel():
+            bad = int((~torch.isfinite(x)).sum())  # one host read per sample: calibration is offline
+            if bad:
+                raise ValueError(
+                    f"calibrate: sample {i} (shape {tuple(x.shape)}) holds {bad} non-finite value(s) "
+                    f"(NaN/Inf) of {x.numel()}; the choice would be arbitrary. Pass finite samples "
+                    "only, e.g. [s for s in samples if s.isfinite().all()]"
+                )
+        xs.append(x)
     if not xs or all(x.numel() == 0 for x in xs):
         raise ValueError("calibrate needs at least one non-empty sample tensor")
     cands = list(candidates) if candidates is not None else default_candidates()

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as Fn
-from .base import Codec, f32_view, finite_clamp
+from .base import Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, pack_int4, unpack_int4
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix
 
@@ -232,10 +232,9 @@ class TacoCodec(GroupCodec):
         backend: str = "auto",
     ) -> None:
         self.fmt = fp8_format(fmt)
-        self.lam = float(lam)
-        self.target = float(self.fmt.fmax if target is None else target)
-        if not self.lam >= 0 or not (0 < self.target <= self.fmt.fmax):
-            raise ValueError(f"taco: need lam >= 0 and 0 < target <= {self.fmt.fmax}, got {lam}, {target}")
+        self.lam = positive_finite(self.name, "lam", lam)
+        target = self.fmt.fmax if target is None else target
+        self.target = positive_finite(self.name, "target", target, upper=self.fmt.fmax)
         super().__init__(group_size, axis, backend)
 
     def _options(self) -> str:

@@ -28,6 +28,8 @@ FP8_FORMATS: dict[str, FP8Format] = {
 
 def fp8_format(name: str) -> FP8Format:
     """Look up an FP8 format by name ("e4m3" or "e5m2")."""
+    if not isinstance(name, str):
+        raise TypeError(f"fmt must be an fp8 format name, one of {sorted(FP8_FORMATS)}; got {name!r}")
     try:
         return FP8_FORMATS[name]
     except KeyError:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec
-from ..codec.base import FLOAT_DTYPES
+from ..codec.base import FLOAT_DTYPES, check_axis
 from .buffers import BufferCache
 from .compressed import (
     Ctx,
@@ -93,6 +93,8 @@ class _Call:
                 f"tensors, got {x.dtype}; send integer/bool/complex tensors uncompressed with "
                 "codec='none' (or a policy override for this site)"
             )
+        if self.codec is not None:
+            check_axis(self.codec, x.shape)  # before any communication, like every argument check
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.rank < 0:
@@ -123,10 +125,11 @@ class _Call:
             log.warning("taco.comm.%s site %r: %s; using the plain collective", self.op, self.name, reason)
 
     def check_same(self, extra: str = "") -> None:
-        """Raise ValueError on every rank if shape/dtype/codec differ (`CommPolicy.check_sizes`)."""
+        """Raise ValueError on every rank if the operation, shape, dtype, codec or `extra` (dim,
+        slices) differ (`CommPolicy.check_sizes`): ranks in different collectives would hang."""
         if not self.wants_check() or self.world == 1:
             return
-        desc = self.describe(extra)
+        desc = f"{self.op} {self.describe(extra)}"  # the operation too: all_gather vs reduce_scatter
         mine = torch.tensor([zlib.crc32(desc.encode())], dtype=torch.int64, device=self.x.device)
         every = torch.empty(self.world, dtype=torch.int64, device=self.x.device)
         all_gather_into(every, mine, group=self.group)
@@ -134,7 +137,11 @@ class _Call:
             descs: list = [None] * self.world
             dist.all_gather_object(descs, desc, group=self.group)
             lines = "; ".join(f"rank {i}: {d}" for i, d in enumerate(descs))
-            raise ValueError(f"taco.comm.{self.op}: ranks disagree on the message ({lines})")
+            raise ValueError(
+                f"taco.comm.{self.op}: ranks disagree on the message ({lines}); every rank of the "
+                "group must make the same collective call (operation, shape, dtype, codec, dim) in "
+                "the same order"
+            )
 
     def wants_check(self) -> bool:
         if self.policy is not None:
@@ -240,7 +247,7 @@ def all_reduce(
     if x.numel() == 0:
         return call.run(_copy(x), async_op)
     # Codecs that group along another axis (data-driven reshaping) see that axis last in memory.
-    axis = getattr(call.codec, "axis", -1) % max(x.dim(), 1)
+    axis = call.codec.axis % max(x.dim(), 1)  # in range: checked by _Call
     moved = x.dim() >= 2 and axis != x.dim() - 1
     xm = x.movedim(axis, -1) if moved else x
     src = xm.reshape(-1)

@@ -29,6 +29,7 @@ class Handle:
     def __init__(self, steps: Steps | None = None, result: torch.Tensor | None = None) -> None:
         self._steps = steps
         self._result = result
+        self._error: BaseException | None = None  # what the steps raised, if they failed
         self._on_done: list[Callable[[torch.Tensor], None]] = []
 
     @classmethod
@@ -50,17 +51,32 @@ class Handle:
         return self
 
     def wait(self) -> torch.Tensor:
-        """Block until the collective is done (CUDA: order the current stream) and return the result."""
+        """Block until the collective is done (CUDA: order the current stream) and return the result.
+
+        If the collective fails, `wait()` raises its error, and every later `wait()` raises a
+        RuntimeError chained to it (the steps cannot be resumed; there is no result)."""
+        if self._error is not None:
+            e = self._error
+            raise RuntimeError(
+                f"taco.comm: this collective failed in an earlier wait() ({type(e).__name__}: {e}); "
+                "it has no result, start a new one"
+            ) from e
         if self._steps is not None:
             try:
                 while True:
                     next(self._steps)
             except StopIteration as stop:
                 self._finish(stop.value)
+            except BaseException as e:  # the generator is finished: remember why, for later waits
+                self._steps = None
+                self._error = e
+                self._on_done.clear()
+                raise
         return self._result
 
     def is_completed(self) -> bool:
-        """True once `wait()` has returned (a handle is never completed behind the caller's back)."""
+        """True once `wait()` has returned or raised (a handle is never completed behind the caller's
+        back)."""
         return self._steps is None
 
     def _finish(self, value: torch.Tensor) -> None:
@@ -71,4 +87,5 @@ class Handle:
         self._on_done.clear()
 
     def __repr__(self) -> str:
-        return f"<taco.comm.Handle {'done' if self.is_completed() else 'in flight'}>"
+        state = "failed" if self._error is not None else "done" if self.is_completed() else "in flight"
+        return f"<taco.comm.Handle {state}>"
