@@ -428,6 +428,9 @@ def _groups_p2p_body(rank: int, world: int) -> None:
         else:
             raise AssertionError("mismatch detected: recv of 8 elements from a send of 7 did not raise")
         _assert_shape(tc.recv(torch.empty(4), 0), (4,), "channel still usable")
+    # Ranks 0 and 2 finish first; without this they could tear the default group down while 1 and 3
+    # still use it under `new_group([1, 3])` (seen as a gloo "Broken pipe" on a loaded machine).
+    dist.barrier()
 
 
 def test_group_of_one_subgroups_and_send_recv():
