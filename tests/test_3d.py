@@ -40,7 +40,7 @@ from taco.parallel.data_parallel import (
 from taco.parallel.tags import dp_hook_state
 from taco.train.launch import launch
 from tests.dist import assert_close, assert_equal, run_distributed
-from tests.test_train import TEXT, _err, losses, tiny_args
+from tests.test_train import _err, losses, tiny_args
 
 VOCAB, SEQ = 64, 8
 
@@ -194,14 +194,6 @@ def test_pp_with_tp_and_sequence_parallel_stages_matches_reference():
 
 
 # -- the trainer on pipeline / 3D meshes ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from taco.train.data import prepare_text
-
-    d = tmp_path_factory.mktemp("corpus")
-    (d / "play.txt").write_text(TEXT)
-    prepare_text(d / "play.txt", d / "cache", vocab_size=300, progress=lambda *a: None)
-    return d / "play.txt", d / "cache"
 
 
 def _cfg(corpus, out, *extra):

@@ -16,18 +16,9 @@ import torch
 
 from taco.train.build import train_dtype
 from taco.train.config import load_config
-from taco.train.data import prepare_text, resolve_data_dir
+from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer
 from tests.dist import run_distributed
-from tests.test_train import TEXT
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    (d / "play.txt").write_text(TEXT)
-    prepare_text(d / "play.txt", d / "cache", vocab_size=300, progress=lambda *a: None)
-    return d / "play.txt", d / "cache"
 
 
 def _args(corpus, out: Path, *mesh: str) -> list[str]:

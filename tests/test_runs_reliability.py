@@ -26,20 +26,12 @@ from taco.train.checkpoint import load_checkpoint
 from taco.train.config import load_config
 from taco.train.errors import CheckpointError
 from taco.train.launch import launch
-from tests.test_train import TEXT, losses, tiny, tiny_args
+from tests.test_train import losses, tiny, tiny_args
 
 ROOT = Path(__file__).resolve().parents[1]
 MESH = {"dp": 1, "pp": 1, "tp": 2, "sp": 0}
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from taco.train.data import prepare_text
-
-    d = tmp_path_factory.mktemp("corpus")
-    (d / "play.txt").write_text(TEXT)
-    prepare_text(d / "play.txt", d / "cache", vocab_size=300, progress=lambda *a: None)
-    return d / "play.txt", d / "cache"
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,11 @@
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from taco.cli import main
 from taco.train.config import load_config
-from taco.train.data import prepare_text
 from taco.train.launch import launch
-
-TEXT = "\n".join(
-    f"ROMEO. Speak again, bright angel, for thou art as glorious to this night {i}.\n"
-    f"JULIET. O Romeo, Romeo, wherefore art thou Romeo? Deny thy father {i * 7}."
-    for i in range(400)
-)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    (d / "play.txt").write_text(TEXT)
-    cache = d / "cache"
-    prepare_text(d / "play.txt", cache, vocab_size=300, progress=lambda *a: None)
-    return d / "play.txt", cache
 
 
 def tiny(corpus, out, *extra):
