@@ -222,13 +222,16 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
 static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
 static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
 
-/* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale). */
+/* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale, whose
+   subnormal scales are rounded up on the 2^-149 grid: never 0, no saturated codes). */
 static inline float group_scale(const cfg_t* c, float amax) {
     float s;
     if (c->kind == 0) {
         s = clampf((amax < 1e-12f ? 1e-12f : amax) / c->target, 1e-12f, 1e6f);
     } else {
-        s = amax / (c->kind == 1 ? c->fmax : c->qmax);
+        float qm = c->kind == 1 ? c->fmax : c->qmax;
+        s = amax / qm;
+        if (s < 0x1p-126f) s = ceilf(amax / (qm * 0x1p-149f)) * 0x1p-149f; /* exact products */
         if (!(amax > 0.0f)) s = 1.0f;
     }
     return isfinite(amax) ? s : NAN;

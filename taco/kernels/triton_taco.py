@@ -162,7 +162,12 @@ def _encode_tile(
         s = tl.where(s < 1e-12, 1e-12, s)
         s = tl.where(s > 1e6, 1e6, s)
     else:
-        s = tl.div_rn(amax, tl.full((R,), 1.0, tl.float32) * (fmax if KIND == 1 else qmax))
+        qm = tl.full((R,), 1.0, tl.float32) * (fmax if KIND == 1 else qmax)
+        s = tl.div_rn(amax, qm)
+        # a subnormal scale is rounded up on the 2^-149 grid (absmax_scale); the products are exact
+        sub = s < 1.1754943508222875e-38  # 2^-126
+        units = tl.div_rn(tl.where(sub, amax, 0.0), qm * 1.401298464324817e-45)  # 2^-149
+        s = tl.where(sub, tl.math.ceil(units) * 1.401298464324817e-45, s)
         s = tl.where(amax > 0, s, 1.0)
     s = tl.where(bad | (amax == float("inf")), float("nan"), s)
     t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
