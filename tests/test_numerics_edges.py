@@ -152,3 +152,78 @@ def test_normal_groups_keep_their_scale():
 
     amax = torch.tensor([1e-30, 6e-36, 1.0, 3e30, 448 * 2.0**-126])
     assert torch.equal(Fn.absmax_scale(amax, 448.0), amax / 448.0)
+
+
+# -- 3. a group's code depends on the group only ----------------------------------------------------
+GROUP_PAIRS = [(n, b) for n, b in PAIRS if n != "fp8-tensor"]
+
+
+def wire_bytes(codec, x: torch.Tensor) -> torch.Tensor:
+    return codec.encode(x).data
+
+
+def group_bytes(codec, data: torch.Tensor, ng: int, k: int) -> torch.Tensor:
+    """Payload and scales of group k of a wire buffer holding ng groups."""
+    pb = G * codec.bits // 8
+    p = ng * pb
+    parts = [data[k * pb : (k + 1) * pb]]
+    parts += [data[p + 4 * ng * i + 4 * k : p + 4 * ng * i + 4 * k + 4] for i in range(codec.n_scales)]
+    return torch.cat(parts)
+
+
+def _pool(ng: int, seed: int = 0) -> torch.Tensor:
+    """[ng, G] groups of mixed magnitudes (widely different mean squares), a zero and a NaN group."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(ng, G, generator=gen) * torch.logspace(-3, 3, G)[torch.randperm(G, generator=gen)]
+    x *= torch.logspace(-4, 4, ng)[torch.randperm(ng, generator=gen)].view(-1, 1)
+    x[min(5, ng - 1)] = 0.0
+    x[min(11, ng - 1), 3] = math.nan
+    return x
+
+
+@pytest.mark.parametrize(("name", "backend"), GROUP_PAIRS)
+def test_group_code_does_not_depend_on_its_neighbours(name, backend):
+    """Group k (0..20) of a tensor of n groups (1..40, whole or ragged) encodes to the bytes of
+    that group encoded alone and decodes to the same values (native: whether or not it falls
+    in a 16-group SIMD batch; Triton: wherever it sits in a tile)."""
+    c = make_codec(name, backend)
+    pool = _pool(40)
+    alone = [wire_bytes(c, pool[k]) for k in range(21)]
+    alone_y = [c.decode(c.encode(pool[k])) for k in range(21)]
+    for n in range(1, 41):
+        for cut in (0, 5):  # ragged: the last group is cut short (zero-padded on the wire)
+            x = pool[:n].reshape(-1)[: n * G - cut]
+            p = c.encode(x)
+            y = torch.cat([c.decode(p), torch.zeros(cut)])
+            for k in range(min(n, 21)):
+                ref, ref_y = alone[k], alone_y[k]
+                if cut and k == n - 1:
+                    ref = wire_bytes(c, pool[k, : G - cut])
+                    ref_y = torch.cat([c.roundtrip(pool[k, : G - cut]), torch.zeros(cut)])
+                got_y = y[k * G : (k + 1) * G]
+                what = f"{name} {backend}: group {k} of {n} (cut {cut})"
+                assert torch.equal(group_bytes(c, p.data, n, k), group_bytes(c, ref, 1, 0)), f"{what}: bytes"
+                assert torch.equal(got_y.nan_to_num(7.0), ref_y.nan_to_num(7.0)), f"{what}: decoded values"
+
+
+@pytest.mark.parametrize(("name", "backend"), GROUP_PAIRS)
+def test_codes_do_not_depend_on_the_thread_count(name, backend, monkeypatch):
+    """1, 2 and 3 threads give the same bytes and values (native: 1100 groups split into thread
+    ranges that do not start on a 16-group batch)."""
+    monkeypatch.delenv("TACO_CPU_THREADS", raising=False)
+    c = make_codec(name, backend)
+    x = _pool(1100 if backend != "triton" else 100, seed=1).reshape(-1)[:-37]
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for nt in (1, 2, 3):
+            torch.set_num_threads(nt)
+            p = c.encode(x)
+            results.append((nt, p.data, c.decode(p)))
+    finally:
+        torch.set_num_threads(before)
+    _, data1, y1 = results[0]
+    for nt, data, y in results[1:]:
+        changed = (data != data1).sum().item()
+        assert changed == 0, f"{name} {backend}: {nt} threads change {changed} bytes"
+        assert torch.equal(y.nan_to_num(7.0), y1.nan_to_num(7.0)), f"{name} {backend}: {nt} threads: values"

@@ -12,7 +12,11 @@ package-data configuration.
 
 Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
 (built with -ffp-contract=off): the only differences from the reference are summation orders
-(the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast.
+(the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
+(unrotated fp8/int codecs sum nothing: their bytes are the reference's). Within this backend a
+group's bytes depend on the group alone: the 16-group batches and the single-group path (ragged
+tails, the rest of a thread's range) do the same operations in the same order, the sum of
+squares included (index order), so neither the thread count nor a group's neighbours matter.
 """
 
 SOURCE = r"""
@@ -192,11 +196,12 @@ INLINE void fwht(float* v, int G) {
             }
 }
 
+/* sum of v[i]^2 in index order, ((v0^2 + v1^2) + v2^2) + ...: the order of encode_batch's
+   lanes, so a group's s_a (and so its code) does not depend on which path encodes it. */
 INLINE float sum_squares(const float* v, int G) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < G; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += v[i + l] * v[i + l];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    float acc = 0.0f;
+    for (int i = 0; i < G; i++) acc += v[i] * v[i];
+    return acc;
 }
 
 INLINE float abs_max(const float* v, int G) { /* NaN-propagating, like torch.amax */
