@@ -10,10 +10,13 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import taco
+import taco.comm as tc
 import taco.kernels as K
 from taco.kernels import native
+from tests.dist import run_distributed
 
 # the Triton interpreter runs NaN groups through numpy, which warns about them
 pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning")
@@ -47,6 +50,15 @@ def make_codec(name: str, backend: str):
     if name == "fp8-tensor":  # one scale per tensor: no fused kernels, the reference everywhere
         return taco.get_codec(name)
     return taco.get_codec(name, backend=backend)
+
+
+def runnable_codecs() -> list[tuple[str, object]]:
+    """("name backend", codec) for every pair whose backend runs here (for rank bodies)."""
+    return [
+        (f"{n} {b}", taco.get_codec(n) if n == "fp8-tensor" else taco.get_codec(n, backend=b))
+        for n, b in PAIRS
+        if not missing(b)
+    ]
 
 
 # -- 1. finite in, finite out: subnormal and tiny groups -------------------------------------------
@@ -152,6 +164,54 @@ def test_normal_groups_keep_their_scale():
 
     amax = torch.tensor([1e-30, 6e-36, 1.0, 3e30, 448 * 2.0**-126])
     assert torch.equal(Fn.absmax_scale(amax, 448.0), amax / 448.0)
+
+
+# -- 2. fp16 sums that overflow: inf where the plain collective gives inf ----------------------------
+def _fp16_overflow_inputs(rank: int) -> torch.Tensor:
+    """[8, G] fp16: groups whose 2-rank sum overflows (same signs), stays in range, cancels,
+    half and half, and ordinary values; the largest finite inputs (65504) in the last group."""
+    gen = torch.Generator().manual_seed(7)
+    sign = torch.where(torch.rand(8, G, generator=gen) < 0.5, -1.0, 1.0)
+    x = torch.randn(8, G, generator=gen)
+    x[0] = 60000 * sign[0]  # both ranks: sum +-120000 -> +-inf
+    x[1] = 20000 * sign[1]  # sum +-40000: finite
+    x[2] = 60000 * sign[2] * (1 if rank == 0 else -1)  # cancels
+    x[3] = torch.where(torch.arange(G) % 2 == 0, 60000 * sign[3], 5.0)  # half overflow, half small
+    x[4, :5] = 50000 * sign[4, :5]  # a few overflow among ordinary values
+    x[7] = 65504 * sign[7] * (1 if rank == 0 else -1)  # the largest finite fp16, cancelling
+    return x.to(torch.float16)
+
+
+def _check_like_plain(got: torch.Tensor, plain: torch.Tensor, what: str) -> None:
+    assert not got.isnan().any(), f"{what}: {got.isnan().sum().item()} NaN"
+    inf, pinf = got.isinf(), plain.isinf()
+    where = (inf != pinf).view(-1).nonzero().flatten()[:5].tolist()
+    assert torch.equal(inf, pinf), (
+        f"{what}: inf at {inf.sum().item()} elements, plain at {pinf.sum().item()}; first differing "
+        f"at {where}: got {got.view(-1)[where].tolist()}, plain {plain.view(-1)[where].tolist()}"
+    )
+    assert torch.equal(got[inf].sign(), plain[pinf].sign()), f"{what}: inf signs differ from plain"
+
+
+def _fp16_overflow_body(rank: int, world: int) -> None:
+    x = _fp16_overflow_inputs(rank)
+    plain_ar = x.clone()
+    dist.all_reduce(plain_ar)
+    assert plain_ar.isinf().any() and not plain_ar.isnan().any(), "the inputs do not overflow"
+    flat = x.view(-1)
+    plain_rs = torch.empty(flat.numel() // world, dtype=x.dtype)
+    dist.reduce_scatter_tensor(plain_rs, flat)
+    plain_ag = torch.empty(world * flat.numel(), dtype=x.dtype)
+    dist.all_gather_into_tensor(plain_ag, flat)
+    for what, c in runnable_codecs():
+        for k in (1, 3):
+            _check_like_plain(tc.all_reduce(x, codec=c, slices=k), plain_ar, f"all_reduce {what} slices={k}")
+        _check_like_plain(tc.reduce_scatter(flat, codec=c), plain_rs, f"reduce_scatter {what}")
+        _check_like_plain(tc.all_gather(flat, codec=c), plain_ag, f"all_gather {what}")
+
+
+def test_fp16_overflow_matches_the_plain_collective():
+    run_distributed(_fp16_overflow_body, 2, timeout=300)
 
 
 # -- 3. a group's code depends on the group only ----------------------------------------------------
