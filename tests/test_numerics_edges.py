@@ -16,7 +16,7 @@ import taco
 import taco.comm as tc
 import taco.kernels as K
 from taco.kernels import native
-from tests.dist import run_distributed
+from tests.dist import assert_equal, run_distributed
 
 # the Triton interpreter runs NaN groups through numpy, which warns about them
 pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning")
@@ -287,3 +287,21 @@ def test_codes_do_not_depend_on_the_thread_count(name, backend, monkeypatch):
         changed = (data != data1).sum().item()
         assert changed == 0, f"{name} {backend}: {nt} threads change {changed} bytes"
         assert torch.equal(y.nan_to_num(7.0), y1.nan_to_num(7.0)), f"{name} {backend}: {nt} threads: values"
+
+
+def _slices_body(rank: int, world: int) -> None:
+    gen = torch.Generator().manual_seed(11)
+    xs = [_pool(61, seed=r).reshape(-1)[:-37] for r in range(world)]  # ragged, mixed magnitudes
+    x = xs[rank]
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = (x.nan_to_num(0.0) * (1 + torch.rand(x.shape, generator=gen))).to(dtype)
+        for what, c in runnable_codecs():
+            base = tc.all_reduce(xd, codec=c, slices=1)
+            for k in (2, 3, 7):
+                assert_equal(tc.all_reduce(xd, codec=c, slices=k), base, f"{what} {dtype} slices={k}")
+
+
+def test_all_reduce_is_independent_of_slicing():
+    """For every codec and backend, slices=2, 3, 7 give the slices=1 result bit for bit
+    (per-tensor codecs are not sliced; per-group codes depend on the group only)."""
+    run_distributed(_slices_body, 2, timeout=600)

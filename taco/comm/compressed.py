@@ -64,6 +64,12 @@ def group_unit(codec: Codec) -> int:
     return g if isinstance(g, int) and g > 0 else 16
 
 
+def per_group(codec: Codec) -> bool:
+    """Whether each group's code depends on that group only (else one scale spans the message)."""
+    g = getattr(codec, "group_size", None)
+    return isinstance(g, int) and g > 0
+
+
 def split_sizes(numel: int, parts: int, unit: int) -> list[int]:
     """`parts` contiguous sizes summing to numel: equal multiples of `unit`, the rest ragged/empty."""
     per = -(-numel // parts)
@@ -196,10 +202,14 @@ def all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int
     Issue order, identical on every rank: the all-to-all of every slice (encoding slice i+1
     while slice i is in flight), then per slice i: reduce + all-gather of i, decode of i-1
     (while the all-gather of i is in flight). Every element has the same owner, codec group and
-    summation order as unsliced, so the result is bit-identical to `slices=1`.
+    summation order as unsliced, so the result is bit-identical to `slices=1`. Codecs with one
+    scale per message (fp8-tensor) are never sliced: a scale per slice would make an element's
+    code depend on the slicing, so they run as `slices=1` (one scale per rank's chunk).
     fp16: the result is the fp32 sum cast to fp16, inf where it exceeds fp16's range, as the
     plain collective's sum; bf16 and fp32 sums beyond fp32's range make their group NaN.
     """
+    if not per_group(ctx.codec):
+        slices = 1
     unit = group_unit(ctx.codec)
     parts = [AllReduceSlice(ctx, src, dst, r) for r in slice_ranges(src.numel(), ctx.world, slices, unit)]
     for p in parts:
