@@ -19,12 +19,25 @@ def _rotate(x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
     return x if h is None else (x @ h) / math.sqrt(h.shape[0])
 
 
+FLT_MIN = 2.0**-126  # fp32's smallest normal number
+SUB = 2.0**-149  # fp32's smallest subnormal: the grid step below FLT_MIN
+
+
 def absmax_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """Scale mapping a group's absmax onto qmax; 1 for all-zero groups, NaN for non-finite ones.
 
     No clamps: the relative error is the same for groups at 1e-30 and 1e30 (fp32 range permitting).
+    Where amax / qmax is below FLT_MIN (absmax < qmax * 2^-126) the scale lives on fp32's subnormal
+    grid (steps of 2^-149), where rounding to nearest can give 0 (0 / 0: NaN codes for a finite
+    group) or a scale far enough below amax / qmax that the top codes saturate. There the scale
+    is rounded up on that grid instead: k * 2^-149 with k = ceil(amax / (qmax * 2^-149)) >= 1
+    (qmax * 2^-149 is exact, so k is amax * 2^149 / qmax rounded once, then up; k <= 2^23 and
+    the product is exact), so every code fits and finite groups decode finite. Groups whose
+    amax / qmax is a normal number keep exactly the scale amax / qmax.
     """
     s = amax / qmax
+    up = torch.ceil(amax / (qmax * SUB)) * SUB  # inf for large amax: not selected
+    s = torch.where(s < FLT_MIN, up, s)
     s = torch.where(amax > 0, s, torch.ones_like(s))
     return torch.where(torch.isfinite(amax), s, torch.full_like(s, math.nan))
 

@@ -64,6 +64,12 @@ def group_unit(codec: Codec) -> int:
     return g if isinstance(g, int) and g > 0 else 16
 
 
+def per_group(codec: Codec) -> bool:
+    """Whether each group's code depends on that group only (else one scale spans the message)."""
+    g = getattr(codec, "group_size", None)
+    return isinstance(g, int) and g > 0
+
+
 def split_sizes(numel: int, parts: int, unit: int) -> list[int]:
     """`parts` contiguous sizes summing to numel: equal multiples of `unit`, the rest ragged/empty."""
     per = -(-numel // parts)
@@ -155,15 +161,20 @@ class AllReduceSlice:
 
     def finish(self) -> None:
         ctx = self.ctx
+        # fp16: the encoded values are fp32 sums, cast like the plain collective's sum (inf beyond
+        # 65504), not saturated as a decode of fp16 values would be (`finite_clamp`)
+        via_fp32 = self.src.dtype == torch.float16 and self.sum_dtype == torch.float32
         with ctx.clock("comm_s"):
             self.work.wait()
         with ctx.clock("decode_s"):
             for j in range(ctx.world):
                 if self.sizes[j]:
                     buf = self.ag_recv[j * self.pmax : j * self.pmax + self.nb[j]]
-                    ctx.codec.decode(
-                        ctx.codec.wrap(buf, (self.sizes[j],), self.src.dtype), out=self.chunk(self.dst, j)
-                    )
+                    dst = self.chunk(self.dst, j)
+                    if via_fp32:
+                        dst.copy_(_decode(ctx.codec, buf, (self.sizes[j],), torch.float32))
+                    else:
+                        ctx.codec.decode(ctx.codec.wrap(buf, (self.sizes[j],), self.src.dtype), out=dst)
         ctx.give("ag.send", self.ag_send)
         ctx.give("ag.recv", self.ag_recv)
 
@@ -191,8 +202,14 @@ def all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int
     Issue order, identical on every rank: the all-to-all of every slice (encoding slice i+1
     while slice i is in flight), then per slice i: reduce + all-gather of i, decode of i-1
     (while the all-gather of i is in flight). Every element has the same owner, codec group and
-    summation order as unsliced, so the result is bit-identical to `slices=1`.
+    summation order as unsliced, so the result is bit-identical to `slices=1`. Codecs with one
+    scale per message (fp8-tensor) are never sliced: a scale per slice would make an element's
+    code depend on the slicing, so they run as `slices=1` (one scale per rank's chunk).
+    fp16: the result is the fp32 sum cast to fp16, inf where it exceeds fp16's range, as the
+    plain collective's sum; bf16 and fp32 sums beyond fp32's range make their group NaN.
     """
+    if not per_group(ctx.codec):
+        slices = 1
     unit = group_unit(ctx.codec)
     parts = [AllReduceSlice(ctx, src, dst, r) for r in slice_ranges(src.numel(), ctx.world, slices, unit)]
     for p in parts:

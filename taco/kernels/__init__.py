@@ -4,6 +4,9 @@ Importing this package registers two backends in `taco.codec`'s registry:
 - "compile" (CPU): one native C pass per batch of groups, built once per machine (`native.py`,
   ~2 s, cached on disk; ~10x the eager reference on 16M bf16 elements, encode + decode);
   results within one FP8/INT step of the reference where summation order differs (see tests).
+With "compile" and "triton" a group's bytes depend on that group only (not on its neighbours, its
+position in a batch or tile, or the thread count), so slicing a message never changes them; the
+eager reference inherits this from torch's matmul (tested on CPU; cuBLAS picks kernels by shape).
 - "inductor" (opt-in, any device): `torch.compile` of the reference functions (`inductor.py`).
 - "triton" (CUDA, or anywhere under TRITON_INTERPRET=1): fused Triton kernels (`triton_taco.py`),
   imported lazily on first use and only if triton is importable.

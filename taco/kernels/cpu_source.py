@@ -12,7 +12,11 @@ package-data configuration.
 
 Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
 (built with -ffp-contract=off): the only differences from the reference are summation orders
-(the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast.
+(the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
+(unrotated fp8/int codecs sum nothing: their bytes are the reference's). Within this backend a
+group's bytes depend on the group alone: the 16-group batches and the single-group path (ragged
+tails, the rest of a thread's range) do the same operations in the same order, the sum of
+squares included (index order), so neither the thread count nor a group's neighbours matter.
 """
 
 SOURCE = r"""
@@ -192,11 +196,12 @@ INLINE void fwht(float* v, int G) {
             }
 }
 
+/* sum of v[i]^2 in index order, ((v0^2 + v1^2) + v2^2) + ...: the order of encode_batch's
+   lanes, so a group's s_a (and so its code) does not depend on which path encodes it. */
 INLINE float sum_squares(const float* v, int G) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < G; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += v[i + l] * v[i + l];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    float acc = 0.0f;
+    for (int i = 0; i < G; i++) acc += v[i] * v[i];
+    return acc;
 }
 
 INLINE float abs_max(const float* v, int G) { /* NaN-propagating, like torch.amax */
@@ -222,13 +227,16 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
 static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
 static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
 
-/* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale). */
+/* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale, whose
+   subnormal scales are rounded up on the 2^-149 grid: never 0, no saturated codes). */
 static inline float group_scale(const cfg_t* c, float amax) {
     float s;
     if (c->kind == 0) {
         s = clampf((amax < 1e-12f ? 1e-12f : amax) / c->target, 1e-12f, 1e6f);
     } else {
-        s = amax / (c->kind == 1 ? c->fmax : c->qmax);
+        float qm = c->kind == 1 ? c->fmax : c->qmax;
+        s = amax / qm;
+        if (s < 0x1p-126f) s = ceilf(amax / (qm * 0x1p-149f)) * 0x1p-149f; /* exact products */
         if (!(amax > 0.0f)) s = 1.0f;
     }
     return isfinite(amax) ? s : NAN;

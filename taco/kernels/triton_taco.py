@@ -12,7 +12,9 @@ exact and only the fp32 accumulation order differs from the reference's matmul. 
 H_G = H_{G/128} (x) H_128: one dot with H_128, then butterflies across the 128-blocks.
 FP8 and bf16 casts are done with integer bit operations (round-to-nearest-even, saturating), so the
 GPU and the interpreter (TRITON_INTERPRET=1, whose own bf16 casts truncate and whose bf16 dot is
-unsupported: there the dot runs on the same exact parts in fp32) give the same bits.
+unsupported: there the dot runs on the same exact parts in fp32) give the same bits. In the
+interpreter that fp32 product is a per-row reduction rather than numpy's matmul, whose rounding
+depends on a row's position in the tile (see `_dot`): a group's bytes depend on the group only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import triton.language as tl
 from taco.codec import functional as Fn
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+ROWWISE = tl.constexpr(INTERPRET)  # see _dot
 KIND = {"taco": 0, "fp8": 1, "int": 2}
 _FP8 = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
 _OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -54,19 +57,37 @@ def _sylvester(HB: tl.constexpr, DOT: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, h, acc, FIRST: tl.constexpr):
+    """acc + a @ h (a @ h when FIRST) with fp32 accumulation, each row's sums in the same order.
+
+    On the GPU that is tl.dot (every row goes through the same MMA sequence). The interpreter runs
+    tl.dot through numpy's BLAS matmul, which rounds a row differently depending on its position in
+    the tile, so a group's code would depend on its neighbours; there the sum over k is a plain
+    reduction instead (the same per row wherever it sits; the products are exact either way).
+    """
+    if ROWWISE:
+        p = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
+        return p if FIRST else acc + p
+    elif FIRST:
+        return tl.dot(a, h, out_dtype=tl.float32)
+    else:
+        return tl.dot(a, h, acc)
+
+
+@triton.jit
 def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr):
     """x [R, G] fp32 -> x @ H_G (unnormalised): exact products, fp32 accumulation."""
     A: tl.constexpr = G // HB
     h = _sylvester(HB, DOT)
     xr = tl.reshape(x, (R * A, HB))
     hi = _trunc_bf16(xr)
-    acc = tl.dot(hi.to(DOT), h, out_dtype=tl.float32)
+    acc = _dot(hi.to(DOT), h, None, True)
     if NSPLIT >= 2:
         r = xr - hi
         mid = _trunc_bf16(r)
-        acc = tl.dot(mid.to(DOT), h, acc)
+        acc = _dot(mid.to(DOT), h, acc, False)
         if NSPLIT >= 3:
-            acc = tl.dot((r - mid).to(DOT), h, acc)
+            acc = _dot((r - mid).to(DOT), h, acc, False)
     if A == 2:  # H_2 (x) H_128: butterfly across the two 128-blocks
         y = tl.reshape(acc, (R, 2, HB))
         u, w = tl.split(tl.permute(y, (0, 2, 1)))
@@ -162,7 +183,12 @@ def _encode_tile(
         s = tl.where(s < 1e-12, 1e-12, s)
         s = tl.where(s > 1e6, 1e6, s)
     else:
-        s = tl.div_rn(amax, tl.full((R,), 1.0, tl.float32) * (fmax if KIND == 1 else qmax))
+        qm = tl.full((R,), 1.0, tl.float32) * (fmax if KIND == 1 else qmax)
+        s = tl.div_rn(amax, qm)
+        # a subnormal scale is rounded up on the 2^-149 grid (absmax_scale); the products are exact
+        sub = s < 1.1754943508222875e-38  # 2^-126
+        units = tl.div_rn(tl.where(sub, amax, 0.0), qm * 1.401298464324817e-45)  # 2^-149
+        s = tl.where(sub, tl.math.ceil(units) * 1.401298464324817e-45, s)
         s = tl.where(amax > 0, s, 1.0)
     s = tl.where(bad | (amax == float("inf")), float("nan"), s)
     t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
