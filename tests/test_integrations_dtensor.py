@@ -164,3 +164,44 @@ def test_dtensor_styles_match_stock_and_compress():
 
 def test_dtensor_dcp_round_trip(tmp_path):
     run_distributed(_dcp_body, 2, str(tmp_path / "ckpt"))
+
+
+def _sp_body(rank: int, world: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from taco.comm import CommPolicy
+    from taco.integrations.dtensor import taco_plan
+
+    torch.manual_seed(0)
+    mlp = FeedForward()
+    plan = {"w1": ColwiseParallel(input_layouts=Shard(1)), "w2": RowwiseParallel(output_layouts=Shard(1))}
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(1)
+    x = torch.randn(BATCH, SEQ, DIM).chunk(2, dim=1)[rank].contiguous()  # this rank's sequence shard
+
+    class OneBranch(nn.Module):  # w2(silu(w1(x))): w3 would gather the same input a second time
+        def __init__(self, ff: FeedForward) -> None:
+            super().__init__()
+            self.w1, self.w2 = copy.deepcopy(ff.w1), copy.deepcopy(ff.w2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w2(F.silu(self.w1(x)))
+
+    ref = _run(parallelize_module(OneBranch(mlp), mesh, plan), x)
+    got = _run(parallelize_module(OneBranch(mlp), mesh, taco_plan(plan, None)), x)
+    assert ref[0].shape == (BATCH, SEQ // 2, DIM), f"SP output shape {tuple(ref[0].shape)}"
+    assert_equal(got[0], ref[0], "SP codec none: output")
+    assert_equal(got[1], ref[1], "SP codec none: input grad")
+    for n in ref[2]:
+        assert_equal(got[2][n], ref[2][n], f"SP codec none: grad of {n}")
+    policy = CommPolicy(codec="taco")
+    _run(parallelize_module(OneBranch(mlp), mesh, taco_plan(plan, policy)), x)
+    for s in ("w1.fwd", "w1.bwd", "w2.fwd", "w2.bwd"):
+        st = policy.stats.site(s)
+        assert st.calls == 1 and 0 < st.wire_bytes < st.raw_bytes, f"SP site {s}: {st}"
+
+
+def test_dtensor_sequence_parallel_layouts():
+    run_distributed(_sp_body, 2)
