@@ -205,3 +205,49 @@ def _sp_body(rank: int, world: int) -> None:
 
 def test_dtensor_sequence_parallel_layouts():
     run_distributed(_sp_body, 2)
+
+
+def _sp_block_body(rank: int, world: int) -> None:
+    """torchtitan's sequence-parallel layer plan (norms SequenceParallel, PrepareModuleInput into
+    attention and MLP, rowwise outputs Shard(1)) through taco_plan."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    from taco.comm import CommPolicy
+    from taco.integrations.dtensor import taco_plan
+
+    plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    }
+    plan |= {k: ColwiseParallel() for k in COLWISE}
+    plan |= {k: RowwiseParallel(output_layouts=Shard(1)) for k in ROWWISE}
+    mesh = init_device_mesh("cpu", (2,))
+    block = _block(0)
+    torch.manual_seed(1)
+    x = torch.randn(BATCH, SEQ, DIM).chunk(2, dim=1)[rank].contiguous()
+    ref = _run(parallelize_module(copy.deepcopy(block), mesh, plan), x)
+    got = _run(parallelize_module(copy.deepcopy(block), mesh, taco_plan(plan, None)), x)
+    assert_equal(got[0], ref[0], "SP block codec none: output")
+    assert_equal(got[1], ref[1], "SP block codec none: input grad")
+    for n in ref[2]:
+        assert_equal(got[2][n], ref[2][n], f"SP block codec none: grad of {n}")
+    policy = CommPolicy(codec="taco")
+    _run(parallelize_module(copy.deepcopy(block), mesh, taco_plan(plan, policy)), x)
+    for s in ["attention", "feed_forward", *ROWWISE]:
+        for d in ("fwd", "bwd"):
+            st = policy.stats.site(f"{s}.{d}")
+            assert st.calls == 1 and 0 < st.wire_bytes < st.raw_bytes, f"SP block site {s}.{d}: {st}"
+
+
+def test_dtensor_sequence_parallel_block():
+    run_distributed(_sp_block_body, 2)

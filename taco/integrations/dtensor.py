@@ -15,7 +15,9 @@ DTensor that the gradient is already (or not yet) reduced, so DTensor adds no co
 - colwise, input Replicate: forward identity, backward all-reduce (site `{site}.bwd`);
 - colwise, input Shard(1) (sequence parallel): all-gather, backward reduce-scatter (`{site}.fwd/.bwd`);
 - rowwise, output Replicate: all-reduce, backward identity (`{site}.fwd`);
-- rowwise, output Shard(1) (sequence parallel): reduce-scatter, backward all-gather.
+- rowwise, output Shard(1) (sequence parallel): reduce-scatter, backward all-gather;
+- TacoPrepareModuleInput, Shard(1) -> Replicate (torchtitan's SP entry into attention/MLP):
+  all-gather, backward reduce-scatter of the branches' summed gradient (`{site}.fwd/.bwd`).
 
 Other layouts (and DTensor inputs) take the stock path, uncompressed. `policy=None` (or a policy
 whose codec is none) runs the plain collectives: outputs and gradients are bit-identical to the
@@ -26,8 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
 from ..comm import CommPolicy
 from ..parallel import mappings
@@ -96,9 +99,36 @@ class TacoRowwiseParallel(RowwiseParallel):
         return f"Taco{super().__repr__()[:-1]}, site={self.site!r}, policy={self.policy is not None})"
 
 
+class TacoPrepareModuleInput(PrepareModuleInput):
+    """`PrepareModuleInput` whose sequence-parallel all-gather (an input `Shard(1)` -> `Replicate()`,
+    torchtitan's entry into attention and MLP) is compressed by `policy`: all-gather at `{site}.fwd`,
+    the reduce-scatter of the summed gradient at `{site}.bwd`. Other arguments as torch's."""
+
+    def __init__(self, *, policy: CommPolicy | None = None, site: str = "tp.input", **kw: Any) -> None:
+        super().__init__(**kw)
+        self.policy, self.site = policy, site
+
+    def _prepare_input_arg(self, input, mesh, input_layout, desired_layout):
+        if not (
+            isinstance(input, torch.Tensor)
+            and _is_seq_shard(input_layout, input.dim())
+            and isinstance(desired_layout, Replicate)
+        ):
+            return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
+        if isinstance(input, DTensor):
+            if input.placements != (input_layout,):
+                input = input.redistribute(placements=(input_layout,))
+            input = input.to_local()  # its gradient: this rank's sequence shard
+        y = mappings.gather_from_sequence_parallel_region(input, _ctx(mesh, self.policy, sp=True), self.site)
+        if self.use_local_output:
+            return y
+        return DTensor.from_local(y, mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),))
+
+
 def taco_plan(plan: dict[str, Any], policy: CommPolicy | None, prefix: str = "") -> dict[str, Any]:
     """A copy of a `parallelize_module` plan with every Colwise/RowwiseParallel replaced by its taco
-    style (same layouts), site `{prefix}{key}`; other styles are kept as they are."""
+    style (same layouts), and every PrepareModuleInput by TacoPrepareModuleInput, site `{prefix}{key}`;
+    other styles are kept as they are."""
     out: dict[str, Any] = {}
     for key, style in plan.items():
         kw = {"policy": policy, "site": prefix + key}
@@ -110,9 +140,18 @@ def taco_plan(plan: dict[str, Any], policy: CommPolicy | None, prefix: str = "")
                 use_local_output=style.use_local_output,
                 **kw,
             )
+        elif type(style) is PrepareModuleInput:
+            out[key] = TacoPrepareModuleInput(
+                input_layouts=style.input_layouts,
+                desired_input_layouts=style.desired_input_layouts,
+                input_kwarg_layouts=style.input_kwarg_layouts if style.with_kwargs else None,
+                desired_input_kwarg_layouts=style.desired_input_kwarg_layouts if style.with_kwargs else None,
+                use_local_output=style.use_local_output,
+                **kw,
+            )
         else:
             out[key] = style
     return out
 
 
-__all__ = ["TacoColwiseParallel", "TacoRowwiseParallel", "taco_plan"]
+__all__ = ["TacoColwiseParallel", "TacoPrepareModuleInput", "TacoRowwiseParallel", "taco_plan"]
