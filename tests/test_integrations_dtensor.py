@@ -168,7 +168,7 @@ def test_dtensor_dcp_round_trip(tmp_path):
 
 def _sp_body(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     from taco.comm import CommPolicy
@@ -201,6 +201,15 @@ def _sp_body(rank: int, world: int) -> None:
     for s in ("w1.fwd", "w1.bwd", "w2.fwd", "w2.bwd"):
         st = policy.stats.site(s)
         assert st.calls == 1 and 0 < st.wire_bytes < st.raw_bytes, f"SP site {s}: {st}"
+
+
+    # torchtitan's token embedding: rowwise with a masked partial sum, left to torch (stock, exact)
+    torch.manual_seed(2)
+    emb, ids = nn.Embedding(32, DIM), torch.randint(0, 32, (BATCH, SEQ))
+    eplan = {"": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))}
+    a = parallelize_module(copy.deepcopy(emb), mesh, eplan[""])(ids)
+    b = parallelize_module(copy.deepcopy(emb), mesh, taco_plan(eplan, CommPolicy(codec="taco"))[""])(ids)
+    assert_equal(b, a, "rowwise Embedding (MaskPartial): stock path")
 
 
 def test_dtensor_sequence_parallel_layouts():

@@ -19,7 +19,8 @@ DTensor that the gradient is already (or not yet) reduced, so DTensor adds no co
 - TacoPrepareModuleInput, Shard(1) -> Replicate (torchtitan's SP entry into attention/MLP):
   all-gather, backward reduce-scatter of the branches' summed gradient (`{site}.fwd/.bwd`).
 
-Other layouts (and DTensor inputs) take the stock path, uncompressed. `policy=None` (or a policy
+Other layouts, DTensor or integer inputs and Embeddings' masked partial sums take the stock path,
+uncompressed. `policy=None` (or a policy
 whose codec is none) runs the plain collectives: outputs and gradients are bit-identical to the
 stock styles (tests/test_integrations_dtensor.py). One-dimensional TP meshes only.
 """
@@ -59,7 +60,8 @@ class TacoColwiseParallel(ColwiseParallel):
         x = inputs[0]
         layout = input_layouts[0]
         seq = not isinstance(x, DTensor) and _is_seq_shard(layout, x.dim())
-        if isinstance(x, DTensor) or not (isinstance(layout, Replicate) or seq):
+        local = not isinstance(x, DTensor) and x.is_floating_point()  # token ids (Embedding): stock
+        if not local or not (isinstance(layout, Replicate) or seq):
             stock = ColwiseParallel._prepare_input_fn
             return stock(input_layouts, desired_input_layouts, mod, inputs, device_mesh)
         ctx = _ctx(device_mesh, self.policy, sp=seq)
@@ -83,7 +85,8 @@ class TacoRowwiseParallel(RowwiseParallel):
 
     def _prepare_output_fn(self, output_layouts, use_local_output, mod, outputs, device_mesh):
         layout = output_layouts[0]
-        partial = all(isinstance(p, Partial) for p in outputs.placements)
+        # a plain sum: not an Embedding's MaskPartial, whose reduction also masks rows
+        partial = all(type(p) is Partial and p.reduce_op == "sum" for p in outputs.placements)
         seq = _is_seq_shard(layout, outputs.dim())
         if not partial or not (isinstance(layout, Replicate) or seq):
             stock = RowwiseParallel._prepare_output_fn
