@@ -5,6 +5,8 @@ all-reduce; gate: `allreduce_dgrad=False`, so `copy_to_tensor_model_parallel_reg
 and RowParallelLinear (down). codec none: output and every gradient bit-identical to unpatched;
 taco: each TP collective compressed in `policy.stats`, output SQNR vs unpatched within 1 dB of
 `taco.comm.all_reduce` alone on the same partial sums; after `disable()` bit-identical again.
+A frozen up weight takes Megatron's LinearWithFrozenWeight (a synchronous all-reduce), checked
+the same way, with the generic site names of `enable()` without a model.
 Skipped without megatron-core (`pip install 'taco-tp[megatron]'`).
 """
 
@@ -56,10 +58,11 @@ def _run(model, x):
     x = x.clone().requires_grad_(True)
     y = model(x)
     (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
-    return y.detach(), x.grad, {n: p.grad.clone() for n, p in model.named_parameters()}
+    return y.detach(), x.grad, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _same(got, ref, label):
+    assert got[2].keys() == ref[2].keys(), f"{label}: gradients of {sorted(got[2])} vs {sorted(ref[2])}"
     assert_equal(got[0], ref[0], f"{label}: output")
     assert_equal(got[1], ref[1], f"{label}: input grad")
     for n in ref[2]:
@@ -105,6 +108,22 @@ def _body(rank: int, world: int) -> dict:
         grad_sqnr = sqnr_db(ref[1], got[1])
         assert grad_sqnr > 20, f"input grad SQNR {grad_sqnr:.2f} dB"
         _same(_run(model, x), ref, "after disable()")
+
+        # a frozen weight: Megatron's LinearWithFrozenWeight, a synchronous all-reduce; no model
+        # given: generic site names
+        model.up.weight.requires_grad_(False)
+        ref = _run(model, x)
+        with tm.compressed(None):
+            _same(_run(model, x), ref, "frozen up, policy=None")
+        frozen = comm.CommPolicy(codec="taco")
+        with tm.compressed(frozen):
+            with pytest.raises(RuntimeError, match="already enabled"):
+                tm.enable(frozen)
+            _run(model, x)
+        for site in ("megatron.row.fwd", "megatron.column.bwd", "megatron.copy_to.bwd"):
+            st = frozen.stats.site(site)
+            assert st.calls == 1 and 0 < st.wire_bytes < st.raw_bytes, f"frozen, site {site}: {st}"
+        _same(_run(model, x), ref, "frozen up, after the context")
         return {"sqnr": measured, "reference": reference, "grad_sqnr": grad_sqnr}
     finally:
         tm.disable()
