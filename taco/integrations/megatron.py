@@ -151,6 +151,11 @@ def enable(policy: CommPolicy | None, model: torch.nn.Module | None = None) -> N
         raise RuntimeError("taco.integrations.megatron is already enabled; call disable() first")
     from megatron.core.tensor_parallel import layers, mappings
 
+    if not callable(getattr(mappings, "_reduce", None)) or getattr(layers, "torch", None) is not torch:
+        raise RuntimeError(
+            f"taco.integrations.megatron: megatron-core {version} lacks the patch points "
+            "(tensor_parallel.mappings._reduce, tensor_parallel.layers.torch); nothing was patched"
+        )
     stack: list[str] = []
     names = {}
     if model is not None:
