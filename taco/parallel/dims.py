@@ -41,6 +41,10 @@ class ParallelDims:
     def __str__(self) -> str:
         return f"DP{self.dp}-PP{self.pp}-TP{self.tp}" + ("-SP" if self.sp else "")
 
+    def mesh(self) -> dict[str, int]:
+        """The degrees as checkpoints record them: {"dp", "pp", "tp", "sp" (0/1)}."""
+        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "sp": int(self.sp)}
+
     def coords(self, rank: int) -> tuple[int, int, int]:
         """Global rank -> (dp_rank, pp_rank, tp_rank)."""
         return rank // (self.pp * self.tp), (rank // self.tp) % self.pp, rank % self.tp

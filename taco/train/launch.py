@@ -17,7 +17,6 @@ every rank. Collectives time out after `parallel.timeout_s`.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import pickle
 import socket
@@ -30,7 +29,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taco.parallel import stage_layers
 from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
@@ -99,16 +97,10 @@ def _spawned(rank: int, world: int, port: int, cfg: Config, data_dir: Path, out:
 
 
 def check_start_up(cfg: Config) -> None:
-    """Mesh problems the config alone cannot see, raised before any rank starts (ValueError)."""
-    p, m = cfg.parallel, cfg.model
-    n_layer = m.n_layer
-    hf = Path(m.init_from) / "config.json" if m.init_from else None
-    if hf is not None and hf.is_file():  # an HF checkpoint decides the depth
-        meta = json.loads(hf.read_text())
-        n_layer = int(meta.get("n_layer", meta.get("num_hidden_layers", n_layer)))
-    stage_layers(n_layer, p.pp, 0)  # ValueError naming the fix when pp > layers
+    """What the config alone cannot see, raised before any rank starts (ValueError): a device for
+    every local rank. (A checkpoint's depth is in `cfg` already, checked against parallel.pp.)"""
     if "LOCAL_RANK" not in os.environ:  # spawned here: ranks 0..world-1 each need their device
-        resolve_device(cfg, p.world_size - 1)
+        resolve_device(cfg, cfg.parallel.world_size - 1)
 
 
 def _check_resume(cfg: Config, rank: int | None) -> Path | None:
@@ -125,7 +117,7 @@ def _check_resume(cfg: Config, rank: int | None) -> Path | None:
                 flush=True,
             )
         return None
-    mesh = {"dp": p.dp, "pp": p.pp, "tp": p.tp, "sp": int(p.sp and p.tp > 1)}
+    mesh = p.dims().mesh()
     check_mesh(resume_dir, mesh)
     verify_checkpoint(resume_dir, mesh, None if rank is None else [rank])
     return resume_dir

@@ -129,7 +129,7 @@ class Trainer:
         self.opt = build_optimizer(groups, self.dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
         self.step = 0
         self.out_dir = Path(t.out_dir)
-        self.mesh = {"dp": dims.dp, "pp": dims.pp, "tp": dims.tp, "sp": int(dims.sp)}
+        self.mesh = dims.mesh()
 
     # -- one step -----------------------------------------------------------------------------
     def _seed_step(self, step: int) -> None:
