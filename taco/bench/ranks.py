@@ -52,11 +52,14 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, a
 
 
 def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any) -> Any:
-    """Run `fn(rank, world, port, *args)` in `world` spawned processes; rank 0's (JSON) return value."""
-    import torch.multiprocessing as mp
+    """Run `fn(rank, world, port, *args)` in `world` spawned processes; rank 0's (JSON) return value.
+
+    The trainer's launcher (`taco.train.procs.run_ranks`) runs them: a failing rank stops the
+    others and raises `RankError` naming the root cause (tracebacks in $TMPDIR/taco-bench/)."""
+    from taco.train.procs import run_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.start_processes(_entry, args=(fn, world, free_port(), out, args), nprocs=world,
-                           start_method="spawn")  # fmt: skip
+        logs = Path(tempfile.gettempdir()) / "taco-bench"
+        run_ranks(_entry, (fn, world, free_port(), out, args), world, logs)
         return json.loads(Path(out).read_text())
