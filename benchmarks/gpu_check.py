@@ -68,7 +68,6 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
     """Encode / decode / decode-sum-encode of a bf16 message, as time ratios to a copy of it."""
     import torch
 
-    import taco.kernels as K
     from taco.comm.compressed import group_unit, split_sizes
 
     dev = pick_device(args.dry_run)
@@ -94,7 +93,7 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
             y = torch.empty_like(x)
             nb = c.nbytes(n)
             buf = torch.empty(nb, dtype=torch.uint8, device=dev)
-            K.encode_into(c, x, buf)
+            c.encode(x, out=buf)
             m = split_sizes(n, nway, group_unit(c))[0]
             mb = c.nbytes(m)
             recv = torch.cat([c.encode(x[k * m : (k + 1) * m]).data for k in range(1, nway)])
@@ -102,10 +101,10 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
             out = torch.empty(mb, dtype=torch.uint8, device=dev)
             t_copy = timer.seconds(lambda: y.copy_(x))  # noqa: B023 - called inside the iteration
             t = {
-                "encode": timer.seconds(lambda: K.encode_into(c, x, buf)),  # noqa: B023
-                "decode": timer.seconds(lambda: K.decode_from(c, buf, n, torch.bfloat16)),  # noqa: B023
+                "encode": timer.seconds(lambda: c.encode(x, out=buf)),  # noqa: B023
+                "decode": timer.seconds(lambda: c.decode(c.wrap(buf, (n,), torch.bfloat16), out=y)),  # noqa: B023
                 "dse": timer.seconds(
-                    lambda: K.decode_sum_encode(c, recv, m, out=out, own=own, own_index=0)  # noqa: B023
+                    lambda: c.decode_sum_encode(recv, mb, nway - 1, m, torch.bfloat16, own, 0, out)  # noqa: B023
                 ),
             }
             moved = {"encode": 2 * n + nb, "decode": nb + 2 * n, "dse": recv.numel() + 2 * m + mb}

@@ -102,8 +102,8 @@ class Timer:
 def triton_codecs(device) -> list:
     """Every registered codec whose wire-level calls the Triton kernels serve on `device`.
 
-    Asked of taco.kernels (its dispatch, `_path`), not hard-coded: each codec of `list_codecs()`
-    that accepts a backend, built with backend="triton" and default options.
+    Asked of the codec (`codec.kernel(device)`, the one backend interface), not hard-coded: each
+    codec of `list_codecs()` that accepts a backend, built with backend="triton" and default options.
     """
     import taco
     import taco.kernels as K
@@ -117,7 +117,7 @@ def triton_codecs(device) -> list:
         if not opts:
             continue
         c = taco.get_codec(name, **opts)
-        if K._path(c, device) == "triton":
+        if c.kernel(device).name == "triton":
             out.append(c)
     return out
 

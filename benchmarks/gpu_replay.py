@@ -14,11 +14,13 @@ class RankReplay:
     """What one rank of an N-rank two-shot all-reduce computes (taco.comm.compressed), no transfer.
 
     The message is cut into N chunks (`split_sizes`, whole codec groups); this is rank `rank`:
-    encode:  the N-1 chunks of the other ranks into the all-to-all send buffer (`codec.encode`);
+    encode:  the N-1 chunks of the other ranks into the all-to-all send buffer: one
+             `codec.encode_chunks` (fused) or one `codec.encode` per chunk (unfused);
     middle:  the N-1 received wire chunks of its own chunk + its own raw values -> fp32 sum in rank
-             order -> encode, fused (`taco.kernels.decode_sum_encode`) or unfused (decode each
-             to fp32, add, encode: what `AllReduceSlice.middle` does today);
-    finish:  decode the N wire chunks of the all-gather (own included) into the output.
+             order -> encode, fused (`codec.decode_sum_encode`, what `AllReduceSlice.reduce` runs)
+             or unfused (decode each to fp32, add, encode: the path before issue 12);
+    finish:  decode the N wire chunks of the all-gather (own included) into the output: one
+             `codec.decode_chunks` straight into it (fused) or one decode per chunk (unfused).
     The received buffers hold real encodings (of other random messages), so the data is realistic.
     """
 
@@ -44,6 +46,11 @@ class RankReplay:
     def chunk(self, t, j: int):
         return t[j * self.m : (j + 1) * self.m]
 
+    def encode_fused(self) -> None:
+        others = [j for j in range(self.nway) if j != self.rank]
+        spans = [(j * self.m, self.m, k * self.nb) for k, j in enumerate(others)]
+        self.c.encode_chunks(self.x, self.send, spans)
+
     def encode(self) -> None:
         c, k = self.c, 0
         for j in range(self.nway):
@@ -52,10 +59,11 @@ class RankReplay:
                 k += 1
 
     def middle_fused(self) -> None:
-        import taco.kernels as K
-
         own = self.chunk(self.x, self.rank)
-        K.decode_sum_encode(self.c, self.recv, self.m, out=self.ag_send, own=own, own_index=self.rank)
+        self.c.decode_sum_encode(
+            self.recv, self.nb, self.nway - 1, self.m, self.torch.bfloat16, own=own, own_index=self.rank,
+            out=self.ag_send,
+        )  # fmt: skip
 
     def middle_unfused(self) -> None:
         torch, c = self.torch, self.c
@@ -75,10 +83,14 @@ class RankReplay:
             buf = self.ag_recv[j * self.nb : (j + 1) * self.nb]
             c.decode(c.wrap(buf, (self.m,), self.torch.bfloat16), out=self.chunk(self.dst, j))
 
+    def finish_fused(self) -> None:
+        spans = [(j * self.m, self.m, j * self.nb) for j in range(self.nway)]
+        self.c.decode_chunks(self.ag_recv, self.dst, spans)
+
     def fused(self) -> None:
-        self.encode()
+        self.encode_fused()
         self.middle_fused()
-        self.finish()
+        self.finish_fused()
 
     def unfused(self) -> None:
         self.encode()
@@ -105,9 +117,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(
         f"one rank (rank {rank}) of an N={nway} two-shot all-reduce of a {size_str(mib)} bf16 message, "
         "computation only (no transfer);\n"
-        f"encode = {nway - 1} chunk encodes; middle = decode-sum-encode of {nway} terms "
+        f"encode = {nway - 1} chunks (one call fused); middle = decode-sum-encode of {nway} terms "
         f"({nway - 1} received + own) fused in one kernel, or unfused (decode each in fp32, add, "
-        f"encode);\nfinish = {nway} chunk decodes; times in us (GPU time back to back) and as a "
+        f"encode);\nfinish = {nway} chunk decodes (fused: one call straight into the output); times in us "
+        "(GPU time back to back) and as a "
         "multiple of one D2D copy of the whole message; host = CPU time issuing the fused replay"
     )
     print(

@@ -18,8 +18,9 @@ import torch
 import taco
 import taco.kernels as K
 from taco.codec import functional as Fn
+from taco.codec.formats import unpack_int4
 from taco.codec.hadamard import hadamard_matrix
-from taco.kernels import compiled, native
+from taco.kernels import native
 
 # the Triton interpreter runs NaN groups through numpy, which warns about them
 pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning")
@@ -81,38 +82,82 @@ def check_close(ref: torch.Tensor, got: torch.Tensor, rtol: float = 1e-6) -> Non
     assert ((r - g).abs() <= rtol * scale).all(), ((r - g).abs() / scale).max().item()
 
 
-def check_pair(mod, g: int, ng: int, seed: int = 0) -> dict[str, float]:
-    """All registry-level functions of `mod` (compiled or triton_taco) against functional."""
+CASES = [  # (codec name, options, reference encode, its trailing arguments) for one group size
+    ("taco", {"fmt": "e4m3"}, "taco", (E4M3, 448.0, 1e-6, 448.0)),
+    ("taco", {"fmt": "e5m2"}, "taco", (E5M2, 57344.0, 1e-6, 57344.0)),
+    ("fp8-group", {"fmt": "e4m3"}, "fp8", (E4M3, 448.0)),
+    ("fp8-group", {"fmt": "e5m2"}, "fp8", (E5M2, 57344.0)),
+    ("taco-1s", {"fmt": "e4m3"}, "fp8", (E4M3, 448.0)),
+    ("int8-group", {}, "int", (127,)),
+    ("int8-hadamard", {}, "int", (127,)),
+    ("int4-hadamard", {}, "int", (7,)),
+]
+
+
+def wire_parts(codec, buf: torch.Tensor, ng: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(codes [ng, G] as the reference returns them, scales [ng, 1] each) of one wire chunk."""
+    payload, scales = codec._split(buf)
+    if codec.bits == 4:
+        payload = unpack_int4(payload)
+    return payload.reshape(ng, codec.group_size), [s.reshape(ng, 1) for s in scales]
+
+
+def decode_wire(codec, buf: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The codec's backend decode of one wire chunk into a new flat tensor."""
+    y = torch.empty(n, dtype=dtype, device=buf.device)
+    codec.kernel(buf.device).decode(codec, buf, y)
+    return y
+
+
+def dse(codec, bufs: torch.Tensor, n: int, own=None, own_index: int = 0):
+    """decode_sum_encode of consecutive chunks -> (encoded sum, fp32 sums)."""
+    size = codec.nbytes(n)
+    out = torch.empty(size, dtype=torch.uint8, device=bufs.device)
+    s = torch.empty(n, device=bufs.device)
+    codec.decode_sum_encode(bufs, size, bufs.numel() // size, n, torch.float32, own, own_index, out, s)
+    return out, s
+
+
+def check_pair(backend: str, g: int, ng: int, seed: int = 0) -> dict[str, float]:
+    """A backend's wire-level encode and decode of every codec family against `functional`."""
     x, h, fracs = sample(ng, g, seed), hadamard_matrix(g), {}
-    for fp8 in (E4M3, E5M2):
-        fm = FMAX[fp8]
-        ref, got = Fn.taco_encode(x, h, fp8, fm, 1e-6, fm), mod.taco_encode(x, h, fp8, fm, 1e-6, fm)
-        check_close(ref[2], got[2])  # s_a
-        check_close(ref[1], got[1])  # s_q
-        fracs[f"taco-{fp8}"] = check_codes(ref[0], got[0], fp8)
-        check_close(Fn.taco_decode(*ref, h, fp8), mod.taco_decode(*ref, h, fp8))
-        for hh in (None, h):
-            ref, got = Fn.fp8_encode(x, hh, fp8, fm), mod.fp8_encode(x, hh, fp8, fm)
-            check_close(ref[1], got[1])
-            fracs[f"fp8-{fp8}-rot{hh is not None}"] = check_codes(ref[0], got[0], fp8)
-            dr, dg = Fn.fp8_decode(*ref, hh, fp8), mod.fp8_decode(*ref, hh, fp8)
-            if hh is None:  # no summation anywhere: bit-exact
-                assert torch.equal(ref[0], got[0]) and torch.equal(dr.nan_to_num(), dg.nan_to_num())
-            check_close(dr, dg)
-    for hh in (None, h):
-        for qmax in (127, 7):
-            ref, got = Fn.int_encode(x, hh, qmax), mod.int_encode(x, hh, qmax)
-            check_close(ref[1], got[1])
-            fracs[f"int{qmax}-rot{hh is not None}"] = check_codes(ref[0], got[0], None)
-            check_close(Fn.int_decode(*ref, hh), mod.int_decode(*ref, hh))
+    for name, opts, fam, args in CASES:
+        c = taco.get_codec(name, group_size=g, backend=backend, **opts)
+        if backend == "triton" and c.bits != 8:  # the Triton kernels serve 8-bit payloads
+            assert c.kernel(x.device).name == "eager"
+            continue
+        assert c.kernel(x.device).name == backend
+        hh = h if c.rotate else None
+        enc = getattr(Fn, f"{fam}_encode")
+        ref = enc(x, *((hh,) if fam != "taco" else (h,)), *args)
+        buf = torch.empty(c.nbytes(x.numel()), dtype=torch.uint8)
+        c.kernel(x.device).encode(c, x.view(-1), buf)
+        q, scales = wire_parts(c, buf, ng)
+        for sr, sg in zip(ref[1:], scales):
+            check_close(sr, sg)
+        fp8 = opts.get("fmt") and {"e4m3": E4M3, "e5m2": E5M2}[opts["fmt"]]
+        fracs[f"{name}-{opts}"] = check_codes(ref[0], q, fp8 or None)
+        if name in ("fp8-group", "int8-group"):  # no summation anywhere: bit-exact
+            assert torch.equal(ref[0].view(torch.uint8), q.view(torch.uint8))
+        # the backend's decode of the reference bytes against the reference decode
+        ref_buf = torch.empty_like(buf)
+        eager = taco.get_codec(name, group_size=g, backend="eager", **opts)
+        eager.kernel(x.device).encode(c, x.view(-1), ref_buf)
+        dec = getattr(Fn, f"{fam}_decode")
+        rq, rs = wire_parts(c, ref_buf, ng)
+        dargs = (h, fp8) if fam == "taco" else (hh, fp8) if fam == "fp8" else (hh,)
+        y_ref = dec(rq.view(torch.int8) if fam == "int" else rq, *rs, *dargs)
+        y = torch.empty(x.numel())
+        c.kernel(x.device).decode(c, ref_buf, y)
+        check_close(y_ref, y.view(ng, g))
     return fracs
 
 
-# -- native CPU ("compile") ----------------------------------------------------------------------
+# -- native CPU ("native") ----------------------------------------------------------------------
 @needs_native
 @pytest.mark.parametrize("g", [32, 128, 512])
 def test_native_matches_reference(g):
-    fracs = check_pair(compiled, g, 600)
+    fracs = check_pair("native", g, 600)
     print(f"G={g} fraction of codes differing from the reference: {fracs}")
 
 
@@ -131,7 +176,10 @@ def test_native_fp8_cast_is_torchs_cast():
         pad = (-vals.numel()) % (g - 1)
         body = torch.cat([vals, torch.zeros(pad)]).view(-1, g - 1)
         x = torch.cat([body, torch.full((body.shape[0], 1), fm)], 1)
-        q, s = compiled.fp8_encode(x, None, fp8, fm)
+        c = taco.get_codec("fp8-group", group_size=g, fmt="e4m3" if fp8 == E4M3 else "e5m2", backend="native")
+        buf = torch.empty(c.nbytes(x.numel()), dtype=torch.uint8)
+        c.kernel(x.device).encode(c, x.view(-1), buf)
+        q, (s,) = wire_parts(c, buf, x.shape[0])
         assert torch.equal(s, torch.ones_like(s))
         assert torch.equal(q, x.to(fp8).view(torch.uint8))
 
@@ -141,8 +189,8 @@ def test_native_fp8_cast_is_torchs_cast():
     "name", ["taco", "taco-1s", "fp8-group", "int8-group", "int8-hadamard", "int4-hadamard"]
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_compile_codec_matches_eager(name, dtype):
-    ref, got = taco.get_codec(name, backend="eager"), taco.get_codec(name, backend="compile")
+def test_native_codec_matches_eager(name, dtype):
+    ref, got = taco.get_codec(name, backend="eager"), taco.get_codec(name, backend="native")
     for n in (1, 127, 1000, 4096 + 3):
         x = (torch.randn(n) * 3).to(dtype)
         pr, pg = ref.encode(x), got.encode(x)
@@ -157,9 +205,9 @@ def test_compile_codec_matches_eager(name, dtype):
         assert ((got.decode(pr).float() - yr.float()).abs() <= tol * yr.float().abs().max()).all()
 
 
-@pytest.mark.parametrize("backend", ["compile", "triton"])
+@pytest.mark.parametrize("backend", ["native", "triton"])
 def test_unaligned_buffer_non_finite_and_zero_groups(backend):
-    if backend == "compile" and not HAVE_NATIVE:
+    if backend == "native" and not HAVE_NATIVE:
         pytest.skip("no native kernels")
     if backend == "triton":
         triton_mod()
@@ -181,7 +229,8 @@ def test_unaligned_buffer_non_finite_and_zero_groups(backend):
 @needs_triton
 @pytest.mark.parametrize("g", [32, 128, 256, 512])
 def test_triton_matches_reference(g):
-    fracs = check_pair(triton_mod(), g, max(8, 4096 // g))
+    triton_mod()
+    fracs = check_pair("triton", g, max(8, 4096 // g))
     print(f"G={g} fraction of codes differing from the reference: {fracs}")
 
 
@@ -189,14 +238,14 @@ def test_triton_matches_reference(g):
 @pytest.mark.parametrize("name", ["taco", "int8-hadamard", "taco-1s", "fp8-group"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_triton_wire_matches_eager_codec(name, dtype):
-    tt = triton_mod()
+    triton_mod()
     ref = taco.get_codec(name, backend="eager")
     got = taco.get_codec(name, backend="triton")
     for n in (5, 300, 2048):  # ragged and aligned
         x = (torch.randn(n) * 2).to(dtype)
         pr = ref.encode(x)
         out = torch.empty(ref.nbytes(n), dtype=torch.uint8)
-        tt.encode_wire(got, x, out)
+        got.kernel(x.device).encode(got, x, out)
         ng = ref.groups(n)
         p = ng * ref.group_size
         fp8 = None if ref.family == "int" else ref.fmt.dtype
@@ -204,7 +253,7 @@ def test_triton_wire_matches_eager_codec(name, dtype):
         check_close(sr, sg)
         check_codes(pr.data[:p], out[:p], fp8)
         yr = ref.decode(pr)
-        yg = tt.decode_wire(got, pr.data, n, dtype)
+        yg = decode_wire(got, pr.data, n, dtype)
         assert yg.dtype == dtype
         tol = {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
         assert ((yr.float() - yg.float()).abs() <= tol * yr.float().abs().max()).all()
@@ -212,13 +261,13 @@ def test_triton_wire_matches_eager_codec(name, dtype):
 
 @needs_triton
 def test_triton_bf16_output_rounds_to_nearest_even():
-    tt = triton_mod()
+    triton_mod()
     c = taco.get_codec("fp8-group", backend="triton")
     x = torch.randn(4096)
     p = taco.get_codec("fp8-group", backend="eager").encode(x)
-    y32 = tt.decode_wire(c, p.data, 4096, torch.float32)
-    assert torch.equal(tt.decode_wire(c, p.data, 4096, torch.bfloat16), y32.to(torch.bfloat16))
-    assert torch.equal(tt.decode_wire(c, p.data, 4096, torch.float16), y32.to(torch.float16))
+    y32 = decode_wire(c, p.data, 4096, torch.float32)
+    assert torch.equal(decode_wire(c, p.data, 4096, torch.bfloat16), y32.to(torch.bfloat16))
+    assert torch.equal(decode_wire(c, p.data, 4096, torch.float16), y32.to(torch.float16))
 
 
 # -- decode-N + sum + re-encode (two-shot all-reduce middle) -------------------------------------
@@ -235,10 +284,10 @@ def dse_reference(codec, bufs, n, own, own_index):
     return s, eager.encode(s).data
 
 
-@pytest.mark.parametrize("backend", ["eager", "compile", "triton"])
+@pytest.mark.parametrize("backend", ["eager", "native", "triton"])
 @pytest.mark.parametrize("name", ["taco", "int8-hadamard"])
 def test_decode_sum_encode(backend, name):
-    if backend == "compile" and not HAVE_NATIVE:
+    if backend == "native" and not HAVE_NATIVE:
         pytest.skip("no native kernels")
     if backend == "triton":
         triton_mod()
@@ -246,7 +295,7 @@ def test_decode_sum_encode(backend, name):
     for n, own_index in ((1000, None), (1000, 2), (256, 0), (128 * 40 + 5, 1)):  # last: batched path
         bufs = torch.cat([c.encode(torch.randn(n) * (k + 1)).data for k in range(3)])
         own = None if own_index is None else torch.randn(n).bfloat16()
-        out, s = K.decode_sum_encode(c, bufs, n, with_sum=True, own=own, own_index=own_index or 0)
+        out, s = dse(c, bufs, n, own, own_index or 0)
         s_ref, out_ref = dse_reference(c, bufs, n, own, own_index)
         check_close(s_ref.view(1, -1), s.view(1, -1), 1e-6)
         ng = c.groups(n)
@@ -254,16 +303,17 @@ def test_decode_sum_encode(backend, name):
         fp8 = None if c.family == "int" else c.fmt.dtype
         check_close(out_ref[p:].view(torch.float32), out[p:].view(torch.float32))
         check_codes(out_ref[:p], out[:p], fp8)
-    with pytest.raises(ValueError, match="whole number"):
-        K.decode_sum_encode(c, bufs[:-1], n)
+    with pytest.raises(ValueError, match="holds"):
+        c.decode_sum_encode(bufs[:-1], c.nbytes(n), 3, n, torch.float32, out=out)
 
 
 # -- backend selection --------------------------------------------------------------------------
 def test_auto_backends_and_env_override():
     if not os.environ.get("TACO_CODEC_BACKEND"):
-        assert K.auto_order("cpu") == ["compile"]
-    assert K.resolve_auto("auto", True) == {"cpu": ["compile"], "cuda": ["triton"]}
-    assert K.resolve_auto("auto", False) == {"cpu": ["compile"], "cuda": []}
+        assert K.auto_order("cpu") == ["native"]
+    assert K.resolve_auto("auto", True) == {"cpu": ["native"], "cuda": ["triton"]}
+    assert K.resolve_auto("auto", False) == {"cpu": ["native"], "cuda": []}
+    assert K.resolve_auto("compile", False) == {"cpu": ["native"], "cuda": []}  # the old name
     assert K.resolve_auto("eager", True) == {"cpu": [], "cuda": []}
     assert K.resolve_auto("triton", True, interpret=True) == {"cpu": ["triton"], "cuda": ["triton"]}
     with pytest.raises(ValueError, match="TACO_CODEC_BACKEND"):
@@ -272,7 +322,8 @@ def test_auto_backends_and_env_override():
 
 def test_explicit_backend_falls_back_off_device():
     """A CPU tensor given to backend="triton" without the interpreter uses the reference."""
-    c = taco.get_codec("taco", backend="compile")
+    c = taco.get_codec("taco", backend="compile")  # the native backend's old name still works
+    assert c.backend == "native"
     x = torch.randn(300)
     torch.testing.assert_close(c.roundtrip(x), taco.get_codec("taco", backend="eager").roundtrip(x))
 
@@ -307,7 +358,7 @@ def test_cuda_decode_sum_encode_and_non_finite(name):
     n = (1 << 18) + 5
     bufs = torch.cat([c.encode(torch.randn(n, device="cuda")).data for _ in range(4)])
     own = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    out, s = K.decode_sum_encode(c, bufs, n, with_sum=True, own=own, own_index=1)
+    out, s = dse(c, bufs, n, own, 1)
     s_ref, out_ref = dse_reference(c, bufs, n, own, 1)
     check_close(s_ref.view(1, -1).cpu(), s.view(1, -1).cpu(), 1e-6)
     p = c.groups(n) * c.group_size

@@ -1,4 +1,4 @@
-"""Numerical edge cases of issue 15, on every backend (eager reference, native "compile", Triton
+"""Numerical edge cases of issue 15, on every backend (eager reference, "native" C, Triton
 under the interpreter): subnormal and tiny groups decode finite; fp16 sums that overflow come out
 inf exactly as from the plain collective; a group's code depends on the group only (not on its
 neighbours, the thread count or the collective's slicing).
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeW
 
 G = 128
 LOSSY = [n for n in taco.list_codecs() if n != "none"]
-BACKENDS = ["eager", "compile", "triton"]
+BACKENDS = ["eager", "native", "triton"]
 # (codec, backend) pairs; fp8-tensor has the reference only
 PAIRS = [(n, b) for n in LOSSY for b in BACKENDS if n != "fp8-tensor" or b == "eager"]
 SUB = 2.0**-149  # fp32's subnormal step
@@ -31,7 +31,7 @@ SUB = 2.0**-149  # fp32's subnormal step
 
 def missing(backend: str) -> str | None:
     """Why `backend` cannot run on this machine's CPU (None: it can)."""
-    if backend == "compile" and native.library() is None:
+    if backend == "native" and native.library() is None:
         return "no C compiler: native kernels not built"
     if backend == "triton":
         if not K.triton_available():
@@ -142,7 +142,7 @@ def test_tiny_scales_never_saturate(backend):
             assert abs(err) <= 1 / 16, f"{name} {backend} absmax {units} * 2^-149: relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("backend", ["compile", "triton"])
+@pytest.mark.parametrize("backend", ["native", "triton"])
 @pytest.mark.parametrize("name", ["fp8-group", "int8-group", "taco-1s"])
 def test_tiny_scales_are_the_reference_bit_for_bit(name, backend):
     """The fused kernels compute the subnormal scale rule exactly as the reference does (no

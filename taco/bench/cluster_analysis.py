@@ -110,15 +110,22 @@ def _codec_costs(rates: dict[str, dict[str, float]], codec: str) -> dict[float, 
 
 
 def inplace_codec_cost(rec: RunRecord, msgs: list[cm.Message], warmup: int) -> cm.CodecCost:
-    """The codec as measured inside an (uncapped) training run: elements coded per second of
-    encode_s / decode_s, and wire bytes per element, over the step's all-reduces (two-shot counts)."""
+    """The codec as measured inside an (uncapped) training run: elements coded per second, and
+    wire bytes per element, over the step's all-reduces (two-shot counts).
+
+    encode_s times the first encode ((N-1)/N n elements); decode_s the fused decode-sum-encode
+    (which also re-encodes n/N elements) and the final decode, (2N-1)/N n decoded in all. The
+    re-encode is charged at the measured encode rate, so that the cost model's n encoded and
+    (2N-1)/N n decoded elements reproduce encode_s + decode_s exactly."""
     s, n = rec.summarize(warmup, 1), rec.world
     elems = sum(m.numel for m in msgs)
+    per_encoded = max(s.encode_s, 1e-12) / ((n - 1) / n * elems)
+    decode_only = max(s.decode_s - per_encoded * elems / n, 1e-12)
     return cm.CodecCost(
         rec.codec,
         bytes_per_elem=s.wire_bytes / (2 * (n - 1) / n * elems),
-        encode_rate=elems / max(s.encode_s, 1e-12),
-        decode_rate=(2 * n - 1) / n * elems / max(s.decode_s, 1e-12),
+        encode_rate=1 / per_encoded,
+        decode_rate=(2 * n - 1) / n * elems / decode_only,
     )
 
 

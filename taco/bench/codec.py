@@ -138,7 +138,7 @@ def backends_for(name: str, choice: str, device: torch.device) -> list[str]:
         return [choice]
     import taco.kernels as K
 
-    out = ["eager", "compile"] if device.type == "cpu" else ["eager"]
+    out = ["eager", "native"] if device.type == "cpu" else ["eager"]
     if device.type == "cuda" and K.triton_available():
         out.append("triton")
     return out
@@ -284,7 +284,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         default="auto",
-        choices=["auto", "eager", "compile", "triton", "all"],
+        choices=["auto", "eager", "native", "compile", "triton", "all"],
         help="codec backend; 'all' gives one row per available backend",
     )
     p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")

@@ -3,6 +3,7 @@
 No torch.distributed here (docs/design.md 2): collectives in `taco.comm` move the buffers these make.
 """
 
+from .backend import KernelBackend
 from .base import Codec, Packed
 from .calibrate import CalibrationChoice, calibrate
 from .codecs import (
@@ -19,8 +20,6 @@ from .codecs import (
     codec_options,
     get_codec,
     list_codecs,
-    register_backend,
-    set_auto_backends,
     sqnr_db,
 )
 from .formats import FP8_FORMATS, fp8_format
@@ -37,6 +36,7 @@ __all__ = [
     "Int4HadamardCodec",
     "Int8GroupCodec",
     "Int8HadamardCodec",
+    "KernelBackend",
     "NoneCodec",
     "Packed",
     "Taco1sCodec",
@@ -48,7 +48,5 @@ __all__ = [
     "get_codec",
     "hadamard_matrix",
     "list_codecs",
-    "register_backend",
-    "set_auto_backends",
     "sqnr_db",
 ]

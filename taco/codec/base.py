@@ -100,9 +100,12 @@ class Codec:
                 f"expected {size} uint8 bytes for {n} elements"
             )
         if n == 0:
-            y = torch.empty(packed.shape, dtype=packed.dtype, device=packed.data.device)
-        else:
-            y = self._finish(self._decode_flat(packed.data, n, packed.dtype), packed.shape)
+            empty = torch.empty(packed.shape, dtype=packed.dtype, device=packed.data.device)
+            return out if out is not None else empty
+        if out is not None and out.is_contiguous() and self._in_memory_order(packed.shape):
+            self._decode_into(packed.data, out.view(-1))  # straight into the caller's tensor
+            return out
+        y = self._finish(self._decode_flat(packed.data, n, packed.dtype), packed.shape)
         if out is not None:
             out.copy_(y)
             return out
@@ -122,12 +125,65 @@ class Codec:
     def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         return y.view(shape)
 
+    def _in_memory_order(self, shape: torch.Size) -> bool:
+        """Whether a tensor of `shape` is grouped in memory order (decode may write it in place)."""
+        return len(shape) < 2 or self.axis % len(shape) == len(shape) - 1
+
+    # -- wire-level calls of the collectives (flat tensors in grouping order) --------------------
+    def encode_chunks(self, x: torch.Tensor, out: torch.Tensor, spans) -> None:
+        """Encode the chunks of flat `x` named by `spans` ((element offset, numel, byte offset) each)
+        into `out`, chunk by chunk at its byte offset, in one call where the backend can."""
+        for eo, n, bo in spans:
+            self.encode(x[eo : eo + n], out=out[bo : bo + self.nbytes(n, x.dtype)])
+
+    def decode_chunks(self, buf: torch.Tensor, y: torch.Tensor, spans) -> None:
+        """Decode the chunks of `buf` named by `spans` straight into their ranges of flat `y`."""
+        for eo, n, bo in spans:
+            self.decode(self.wrap(buf[bo : bo + self.nbytes(n, y.dtype)], (n,), y.dtype), out=y[eo : eo + n])
+
+    def decode_sum_encode(
+        self,
+        bufs: torch.Tensor,
+        stride: int,
+        nchunks: int,
+        numel: int,
+        dtype: torch.dtype,
+        own: torch.Tensor | None = None,
+        own_index: int = 0,
+        out: torch.Tensor | None = None,
+        sum_out: torch.Tensor | None = None,
+    ) -> None:
+        """The two-shot middle (docs/design.md 1.3) in one call: chunk k (`numel` elements encoded
+        from `dtype`) starts at byte k * stride of `bufs`; each is decoded, the terms are summed in
+        fp32 in order with the raw `own` values as term `own_index`; the sum is encoded into `out`
+        (if given) and stored into `sum_out` (if given, any float dtype)."""
+        # codecs whose bytes do not depend on the dtype decode straight to fp32
+        wire = torch.float32 if self.nbytes(numel, torch.float32) == self.nbytes(numel, dtype) else dtype
+        size = self.nbytes(numel, dtype)
+        terms = [
+            self.decode(self.wrap(bufs[k * stride : k * stride + size], (numel,), wire)).float()
+            for k in range(nchunks)
+        ]
+        if own is not None:
+            terms.insert(own_index, own.reshape(-1).to(torch.float32))
+        s = terms[0].clone()
+        for t in terms[1:]:
+            s += t
+        if out is not None:
+            self.encode(s if wire == torch.float32 else s.to(dtype), out=out)
+        if sum_out is not None:
+            sum_out.copy_(s)
+
     # -- implementation -------------------------------------------------------------------------
     def _encode_flat(self, x: torch.Tensor, out: torch.Tensor) -> None:
         raise NotImplementedError
 
     def _decode_flat(self, buf: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
+
+    def _decode_into(self, buf: torch.Tensor, y: torch.Tensor) -> None:
+        """Decode `buf` into the flat contiguous `y` (its numel and dtype)."""
+        y.copy_(self._decode_flat(buf, y.numel(), y.dtype))
 
     def __repr__(self) -> str:
         return f"<codec {self.spec}>"

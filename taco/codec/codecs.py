@@ -19,44 +19,15 @@ contiguous memory); the tail is zero-padded on the wire. Wire layout of one chun
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from . import backend as kb
 from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
-from .formats import fp8_format, pack_int4, unpack_int4
+from .formats import fp8_format
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix
-
-# (codec family, backend) -> (encode_fn, decode_fn) with the signatures of `functional`'s pair.
-# `taco.kernels` registers "compile" and "triton" here; the codec never imports kernels itself.
-_BACKENDS: dict[tuple[str, str], tuple[Callable, Callable]] = {}
-# Optional wire-level pair of a backend: encode_into(codec, x_flat, out) -> bool and
-# decode_from(codec, buf, numel, dtype) -> Tensor | None, straight between the input dtype and
-# the wire bytes; False/None declines (e.g. an unsupported device) and the pair above is used.
-_WIRE: dict[tuple[str, str], tuple[Callable, Callable]] = {}
-_AUTO: dict[str, list[str]] = {"cpu": [], "cuda": []}
-BACKENDS = ("auto", "eager", "compile", "inductor", "triton")
-
-
-def register_backend(
-    family: str,
-    backend: str,
-    encode: Callable,
-    decode: Callable,
-    encode_into: Callable | None = None,
-    decode_from: Callable | None = None,
-) -> None:
-    """Make `backend` available for codec `family` ("taco", "fp8", "int"), optionally wire-level."""
-    _BACKENDS[(family, backend)] = (encode, decode)
-    if encode_into is not None and decode_from is not None:
-        _WIRE[(family, backend)] = (encode_into, decode_from)
-
-
-def set_auto_backends(device_type: str, order: list[str]) -> None:
-    """Preference order that backend="auto" tries on `device_type` before falling back to eager."""
-    _AUTO[device_type] = list(order)
 
 
 class NoneCodec(Codec):
@@ -112,10 +83,9 @@ class GroupCodec(Codec):
         self.group_size = check_group_size(group_size, GROUP_SIZES)
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise TypeError(f"axis must be an int, got {type(axis).__name__}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r}: use one of {list(BACKENDS)}")
         self.axis = axis
-        self.backend = backend
+        self.backend = kb.canonical(backend)
+        self._kernels: dict[str, tuple[int, kb.KernelBackend]] = {}
         self.spec = f"{self.name}({self._options()})"
 
     def _options(self) -> str:
@@ -151,61 +121,60 @@ class GroupCodec(Codec):
         ]
         return buf[:p].view(ng, -1), scales
 
-    def _backend(self, device: torch.device) -> str:
-        """The registered backend serving `device` ("eager" when none)."""
-        order = _AUTO.get(device.type, []) if self.backend == "auto" else [self.backend]
-        for b in order:
-            if (self.family, b) in _BACKENDS:
-                return b
-        if self.backend not in ("auto", "eager"):
-            raise ValueError(
-                f"{self.spec}: backend {self.backend!r} is not available for {self.family} codecs "
-                f"(import taco.kernels; triton needs a GPU); use backend='eager' or 'auto'"
-            )
-        return "eager"
+    def kernel(self, device: torch.device) -> kb.KernelBackend:
+        """The backend serving this codec on `device` (asked once per device type and registry state)."""
+        gen = kb.generation()
+        hit = self._kernels.get(device.type)
+        if hit is None or hit[0] != gen:
+            hit = self._kernels[device.type] = (gen, kb.select(self, device))
+        return hit[1]
 
-    def _fns(self, device: torch.device) -> tuple[Callable, Callable]:
-        return _BACKENDS.get((self.family, self._backend(device)), self._eager)
-
-    # -- encode / decode ------------------------------------------------------------------------
+    # -- encode / decode: everything goes through the one backend interface ----------------------
     def _encode_flat(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        wire = _WIRE.get((self.family, self._backend(x.device)))
-        if wire is not None and wire[0](self, x, out):
-            return
-        g = self.group_size
-        ng = self.groups(x.numel())
-        xf = x.float()
-        if ng * g != x.numel():
-            xf = F.pad(xf, (0, ng * g - x.numel()))
-        enc, _ = self._fns(x.device)
-        q, *s = enc(xf.view(ng, g), *self._args(x.device))
-        if self.bits == 4:
-            q = pack_int4(q)
-        p = ng * g * self.bits // 8
-        out[:p].view(ng, -1).copy_(q.view(torch.uint8).view(ng, -1))
-        for i, si in enumerate(s):  # byte copies: correct whatever out's alignment
-            out[p + 4 * ng * i : p + 4 * ng * (i + 1)].copy_(si.reshape(-1).view(torch.uint8))
+        self.kernel(x.device).encode(self, x, out)
+
+    def _decode_into(self, buf: torch.Tensor, y: torch.Tensor) -> None:
+        self.kernel(buf.device).decode(self, buf, y)
 
     def _decode_flat(self, buf: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        wire = _WIRE.get((self.family, self._backend(buf.device)))
-        y = None if wire is None else wire[1](self, buf, numel, dtype)
-        if y is not None:
-            return y
-        payload, scales = self._split(buf)
-        if self.bits == 4:
-            payload = unpack_int4(payload)
-        elif self.family == "int":
-            payload = payload.view(torch.int8)
-        _, dec = self._fns(buf.device)
-        y = dec(payload, *scales, *self._dargs(buf.device))
-        return finite_clamp(y.view(-1)[:numel], dtype)
+        y = torch.empty(numel, dtype=dtype, device=buf.device)
+        self._decode_into(buf, y)
+        return y
+
+    def encode_chunks(self, x: torch.Tensor, out: torch.Tensor, spans: Sequence[kb.Span]) -> None:
+        if spans:
+            self.kernel(x.device).encode_chunks(self, x, out, spans)
+
+    def decode_chunks(self, buf: torch.Tensor, y: torch.Tensor, spans: Sequence[kb.Span]) -> None:
+        if spans:
+            self.kernel(buf.device).decode_chunks(self, buf, y, spans)
+
+    def decode_sum_encode(
+        self,
+        bufs: torch.Tensor,
+        stride: int,
+        nchunks: int,
+        numel: int,
+        dtype: torch.dtype,
+        own: torch.Tensor | None = None,
+        own_index: int = 0,
+        out: torch.Tensor | None = None,
+        sum_out: torch.Tensor | None = None,
+    ) -> None:
+        size = self.nbytes(numel)
+        if nchunks < 0 or numel < 1 or (nchunks and bufs.numel() < (nchunks - 1) * stride + size):
+            raise ValueError(
+                f"{self.spec}: decode_sum_encode of {nchunks} chunks of {numel} elements at a stride of "
+                f"{stride} bytes needs {(nchunks - 1) * stride + size} bytes; bufs holds {bufs.numel()}"
+            )
+        if own is not None and own.numel() != numel:
+            raise ValueError(f"{self.spec}: own holds {own.numel()} values, expected {numel}")
+        self.kernel(bufs.device).decode_sum_encode(
+            self, bufs, stride, nchunks, numel, own, own_index, out, sum_out
+        )
 
     def _h(self, device: torch.device) -> torch.Tensor | None:
         return hadamard_matrix(self.group_size, device) if self.rotate else None
-
-    @property
-    def _eager(self) -> tuple[Callable, Callable]:
-        raise NotImplementedError
 
     def _args(self, device: torch.device) -> tuple:
         raise NotImplementedError
@@ -245,8 +214,6 @@ class TacoCodec(GroupCodec):
             extra += f",target={self.target:g}"
         return super()._options() + extra
 
-    _eager = (Fn.taco_encode, Fn.taco_decode)
-
     def _args(self, device: torch.device) -> tuple:
         return (self._h(device), self.fmt.dtype, self.fmt.fmax, self.lam, self.target)
 
@@ -269,8 +236,6 @@ class FP8GroupCodec(GroupCodec):
     def _options(self) -> str:
         return super()._options() + f",fmt={self.fmt.name}"
 
-    _eager = (Fn.fp8_encode, Fn.fp8_decode)
-
     def _args(self, device: torch.device) -> tuple:
         return (self._h(device), self.fmt.dtype, self.fmt.fmax)
 
@@ -288,8 +253,6 @@ class Taco1sCodec(FP8GroupCodec):
 class IntGroupCodec(GroupCodec):
     family = "int"
     qmax = 127
-
-    _eager = (Fn.int_encode, Fn.int_decode)
 
     def _args(self, device: torch.device) -> tuple:
         return (self._h(device), self.qmax)

@@ -10,9 +10,10 @@ in flight plus a cap, whatever the number of sites.
 CUDA ordering assumption: a call gives a buffer back after the host has enqueued its last use
 (after `work.wait()`, which orders the current stream after the transfer) and the next call
 that takes it enqueues its own uses later on the same current stream, so the stream orders the
-two uses without a host sync. A buffer dropped from the cache goes back to torch's caching
-allocator, which is stream-ordered in the same way. Work on other streams (side streams) would
-need events or `record_stream`; that is not supported here yet.
+two uses without a host sync. Compressed calls take, use and give their buffers inside their
+`Lane` (`compressed.py`), i.e. on the device's one codec side stream, so that stream orders
+every use; a buffer dropped from the cache goes back to torch's caching allocator, which is
+stream-ordered in the same way.
 """
 
 from __future__ import annotations

@@ -6,6 +6,13 @@ the plain collective. Every payload travels as uint8 (gloo rejects float8), chun
 buffer at a 4-byte aligned offset, and FP8 values are never summed: a rank decodes what it
 receives, sums in fp32 and, for all-reduce, re-encodes.
 
+The real path is the fused path: per slice and rank one `encode_chunks` (every destination chunk),
+one `decode_sum_encode` (own chunk exact, fp32 sum in rank order) and one `decode_chunks` straight
+into the output; codecs run these through their one kernel backend (`taco.codec.backend`).
+On CUDA every codec kernel and transfer of a call runs on the device's codec side stream
+(`Lane`), ordered after the caller's stream by an event at the start and before it at the end;
+tensors crossing streams are `record_stream`ed. On gloo the same schedule runs on async work.
+
 Bytes per rank with N ranks and a message of n elements encoding to C(n) bytes:
 all-reduce (two-shot) 2 (N-1)/N C(n) against the ring's 2 (N-1)/N of the raw bytes;
 reduce-scatter (N-1)/N C(n); all-gather (N-1) C(n_shard); send C(n).
@@ -13,12 +20,14 @@ reduce-scatter (N-1)/N C(n); all-gather (N-1) C(n_shard); send C(n).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..codec import Codec
+from ..codec.backend import Span
 from .buffers import BufferCache
 from .handles import Steps
 from .stats import Clock, SiteStats
@@ -81,24 +90,56 @@ def split_sizes(numel: int, parts: int, unit: int) -> list[int]:
     return sizes
 
 
-def acc_dtype(codec: Codec, numel: int, dtype: torch.dtype) -> torch.dtype:
-    """fp32 when the codec's bytes do not depend on the dtype (decode straight to fp32 for sums)."""
-    return torch.float32 if codec.nbytes(numel, torch.float32) == codec.nbytes(numel, dtype) else dtype
+_SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def _decode(codec: Codec, buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return codec.decode(codec.wrap(buf, shape, dtype))
+class Lane:
+    """Where one call's codec kernels and transfers run (docs/design.md 2.4).
+
+    CUDA: the device's codec side stream, which first waits for the caller's stream (the input
+    is ready) and, at `join`, is waited on by it (the output is ready); no host sync. Tensors
+    made on one stream and used on the other are `record_stream`ed so the caching allocator
+    does not reuse them early. CPU (gloo): the host, in order; every method is a no-op.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.side = self.caller = None
+        if device.type == "cuda":
+            self.caller = torch.cuda.current_stream(device)
+            self.side = _SIDE.get(device)
+            if self.side is None:
+                self.side = _SIDE[device] = torch.cuda.Stream(device=device)
+            self.side.wait_stream(self.caller)
+
+    def run(self) -> contextlib.AbstractContextManager:
+        """Context in which the call's kernels, buffers and transfers are issued."""
+        return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
+
+    def used_here(self, *tensors: torch.Tensor) -> None:
+        """Tensors of the caller's stream that the side stream reads or writes."""
+        if self.side is not None:
+            for t in tensors:
+                t.record_stream(self.side)
+
+    def join(self, *results: torch.Tensor) -> None:
+        """Order the caller's stream after the side stream; `results` (made on the side stream)
+        are then used on the caller's."""
+        if self.side is not None:
+            self.caller.wait_stream(self.side)
+            for t in results:
+                t.record_stream(self.caller)
 
 
 class AllReduceSlice:
-    """Two-shot all-reduce of one slice (docs/design.md 1.3), in three steps.
+    """Two-shot all-reduce of one slice (docs/design.md 1.3): three codec calls per rank.
 
     The slice is one range of `src`/`dst` per rank: `ranges[j] = (offset, size)` is the part
     of rank j's chunk that rank j reduces.
-    start:  encode ranges j != rank -> all-to-all (range j to rank j)
-    middle: decode the N-1 received copies of own range, fp32 sum in rank order (own values
-            exact), re-encode -> all-gather (padded to the largest range)
-    finish: decode all N ranges, own included, so every rank returns the same values
+    encode: ranges j != rank, one `encode_chunks` into the all-to-all send buffer
+    reduce:  one `decode_sum_encode` of the N-1 received copies of own range and its raw values
+             (fp32 sum in rank order) into the all-gather send buffer
+    decode:  one `decode_chunks` of all N ranges, own included, straight into `dst`, so every
+             rank returns the same values
     Each element is quantized at most twice whatever N is.
     """
 
@@ -108,73 +149,67 @@ class AllReduceSlice:
         self.nb = [ctx.codec.nbytes(s, src.dtype) if s else 0 for s in self.sizes]
         self.pb = [aligned(b) for b in self.nb]
         self.pmax = max(self.pb)
-        self.sum_dtype = acc_dtype(ctx.codec, max(self.sizes), src.dtype)
+        self.send: torch.Tensor | None = None
 
-    def chunk(self, t: torch.Tensor, j: int) -> torch.Tensor:
-        off, size = self.ranges[j]
-        return t[off : off + size]
-
-    def start(self) -> None:
+    def encode(self) -> None:
         ctx, r, dev = self.ctx, self.ctx.rank, self.src.device
         self.in_splits = [0 if j == r else self.pb[j] for j in range(ctx.world)]
         self.out_splits = [0 if j == r else self.pb[r] for j in range(ctx.world)]
         self.send = ctx.take("a2a.send", sum(self.in_splits), dev)
-        self.recv = ctx.take("a2a.recv", sum(self.out_splits), dev)
+        spans: list[Span] = []
+        off = 0
+        for j in range(ctx.world):
+            if j != r and self.sizes[j]:
+                spans.append((self.ranges[j][0], self.sizes[j], off))
+            off += self.in_splits[j]
         with ctx.clock("encode_s"):
-            off = 0
-            for j in range(ctx.world):
-                if j != r and self.sizes[j]:
-                    ctx.codec.encode(self.chunk(self.src, j), out=self.send[off : off + self.nb[j]])
-                off += self.in_splits[j]
+            ctx.codec.encode_chunks(self.src, self.send, spans)
+
+    def exchange(self) -> None:
+        ctx = self.ctx
+        self.recv = ctx.take("a2a.recv", sum(self.out_splits), self.src.device)
         with ctx.clock("comm_s"):
             self.work = dist.all_to_all_single(
                 self.recv, self.send, self.out_splits, self.in_splits, group=ctx.group, async_op=True
             )
         ctx.sent(sum(self.in_splits))
 
-    def middle(self) -> None:
-        ctx, r, dev = self.ctx, self.ctx.rank, self.src.device
+    def reduce(self) -> None:
+        ctx, r = self.ctx, self.ctx.rank
         with ctx.clock("comm_s"):
             self.work.wait()
         ctx.give("a2a.send", self.send)
-        with ctx.clock("decode_s"):
-            acc = None
-            for j in range(ctx.world):  # rank order: the same sum whatever the slicing
-                if j == r:
-                    term = self.chunk(self.src, r).to(torch.float32, copy=True)
-                else:
-                    o = (j - (j > r)) * self.pb[r]
-                    buf = self.recv[o : o + self.nb[r]]
-                    term = _decode(ctx.codec, buf, (self.sizes[r],), self.sum_dtype).to(torch.float32)
-                acc = term if acc is None else acc.add_(term)
+        self.ag_send = ctx.take("ag.send", self.pmax, self.src.device)
+        self.ag_recv = ctx.take("ag.recv", self.pmax * ctx.world, self.src.device)
+        if self.sizes[r]:
+            off, size = self.ranges[r]
+            with ctx.clock("decode_s"):  # decode N-1, fp32 sum with own, re-encode: one pass
+                ctx.codec.decode_sum_encode(
+                    self.recv, self.pb[r], ctx.world - 1, size, self.src.dtype,
+                    own=self.src[off : off + size], own_index=r, out=self.ag_send[: self.nb[r]],
+                )  # fmt: skip
         ctx.give("a2a.recv", self.recv)
-        self.ag_send = ctx.take("ag.send", self.pmax, dev)
-        self.ag_recv = ctx.take("ag.recv", self.pmax * ctx.world, dev)
-        with ctx.clock("encode_s"):
-            if self.sizes[r]:
-                if self.sum_dtype != torch.float32:
-                    acc = acc.to(self.src.dtype)
-                ctx.codec.encode(acc, out=self.ag_send[: self.nb[r]])
         with ctx.clock("comm_s"):
             self.work = all_gather_into(self.ag_recv, self.ag_send, group=ctx.group, async_op=True)
         ctx.sent(self.pmax * (ctx.world - 1))
 
-    def finish(self) -> None:
+    def decode(self) -> None:
         ctx = self.ctx
-        # fp16: the encoded values are fp32 sums, cast like the plain collective's sum (inf beyond
-        # 65504), not saturated as a decode of fp16 values would be (`finite_clamp`)
-        via_fp32 = self.src.dtype == torch.float16 and self.sum_dtype == torch.float32
         with ctx.clock("comm_s"):
             self.work.wait()
+        spans = [(off, size, j * self.pmax) for j, (off, size) in enumerate(self.ranges) if size]
         with ctx.clock("decode_s"):
-            for j in range(ctx.world):
-                if self.sizes[j]:
-                    buf = self.ag_recv[j * self.pmax : j * self.pmax + self.nb[j]]
-                    dst = self.chunk(self.dst, j)
-                    if via_fp32:
-                        dst.copy_(_decode(ctx.codec, buf, (self.sizes[j],), torch.float32))
-                    else:
-                        ctx.codec.decode(ctx.codec.wrap(buf, (self.sizes[j],), self.src.dtype), out=dst)
+            codec, k, f16 = ctx.codec, max(self.sizes), torch.float16
+            if self.src.dtype == f16 and codec.nbytes(k, torch.float32) == codec.nbytes(k, f16):
+                # the encoded values are fp32 sums: cast like the plain collective's sum (inf beyond
+                # 65504), not saturated as a decode of fp16 values would be (`finite_clamp`)
+                lo, hi = self.ranges[0][0], self.ranges[-1][0] + self.sizes[-1]
+                tmp = torch.empty(hi - lo, dtype=torch.float32, device=self.dst.device)
+                codec.decode_chunks(self.ag_recv, tmp, [(o - lo, k, b) for o, k, b in spans])
+                for o, k, _ in spans:
+                    self.dst[o : o + k].copy_(tmp[o - lo : o - lo + k])
+            else:
+                ctx.codec.decode_chunks(self.ag_recv, self.dst, spans)
         ctx.give("ag.send", self.ag_send)
         ctx.give("ag.recv", self.ag_recv)
 
@@ -199,9 +234,10 @@ def slice_ranges(numel: int, world: int, slices: int, unit: int) -> list[list[tu
 def all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int) -> Steps:
     """Pipelined two-shot all-reduce of the 1-D `src` into the 1-D `dst` (both contiguous).
 
-    Issue order, identical on every rank: the all-to-all of every slice (encoding slice i+1
-    while slice i is in flight), then per slice i: reduce + all-gather of i, decode of i-1
-    (while the all-gather of i is in flight). Every element has the same owner, codec group and
+    Issue order, identical on every rank: encode 0, all-to-all 0, encode 1 (while 0 is on the
+    wire); then per slice i: reduce i + its all-gather, the all-to-all of i+1 (so slice i's
+    all-gather is not queued behind every later all-to-all), encode i+2, decode i-1 (while
+    the all-gather of i is in flight). Every element has the same owner, codec group and
     summation order as unsliced, so the result is bit-identical to `slices=1`. Codecs with one
     scale per message (fp8-tensor) are never sliced: a scale per slice would make an element's
     code depend on the slicing, so they run as `slices=1` (one scale per rank's chunk).
@@ -212,78 +248,121 @@ def all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int
         slices = 1
     unit = group_unit(ctx.codec)
     parts = [AllReduceSlice(ctx, src, dst, r) for r in slice_ranges(src.numel(), ctx.world, slices, unit)]
-    for p in parts:
-        p.start()
+    lane = Lane(src.device)
+    lane.used_here(src, dst)
+    with lane.run():
+        parts[0].encode()
+        parts[0].exchange()
+        if len(parts) > 1:
+            parts[1].encode()
     yield
-    for i, p in enumerate(parts):
-        p.middle()
-        if i:
-            parts[i - 1].finish()
-    parts[-1].finish()
+    with lane.run():
+        for i, p in enumerate(parts):
+            p.reduce()
+            if i + 1 < len(parts):
+                parts[i + 1].exchange()
+            if i + 2 < len(parts):
+                parts[i + 2].encode()
+            if i:
+                parts[i - 1].decode()
+        parts[-1].decode()
+    lane.join()
     return dst
 
 
-def reduce_scatter_steps(ctx: Ctx, x: torch.Tensor, dim: int) -> Steps:
-    """Encode the N pieces of x along dim (own piece stays exact) -> all-to-all -> fp32 sum."""
-    n, r, dev = ctx.world, ctx.rank, x.device
+def grouping_layout(codec: Codec, x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int | None]:
+    """(x with the codec's grouping axis last, where `dim` went, the axis to move back or None)."""
+    axis = codec.axis % max(x.dim(), 1)
+    if x.dim() < 2 or axis == x.dim() - 1:
+        return x, dim, None
+    moved_dim = x.dim() - 1 if dim == axis else dim - (dim > axis)
+    return x.movedim(axis, -1), moved_dim, axis
+
+
+def stacked(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """x's N pieces along dim laid out one after another: a view when every dim before `dim` has
+    size 1, else the one copy an inner dim needs. Returns [N, piece...] contiguous."""
     m = x.shape[dim] // n
-    pieces = [x.narrow(dim, j * m, m) for j in range(n)]
-    nb = ctx.codec.nbytes(pieces[0].numel(), x.dtype)
-    pb = aligned(nb)
-    splits = [0 if j == r else pb for j in range(n)]
-    send = ctx.take("a2a.send", pb * (n - 1), dev)
-    recv = ctx.take("a2a.recv", pb * (n - 1), dev)
-    with ctx.clock("encode_s"):
-        for j in range(n):
-            if j != r:
-                o = (j - (j > r)) * pb
-                ctx.codec.encode(pieces[j], out=send[o : o + nb])
-    with ctx.clock("comm_s"):
-        work = dist.all_to_all_single(recv, send, splits, splits, group=ctx.group, async_op=True)
-    ctx.sent(pb * (n - 1))
+    return x.unflatten(dim, (n, m)).movedim(dim, 0).contiguous()
+
+
+def reduce_scatter_steps(ctx: Ctx, x: torch.Tensor, dim: int) -> Steps:
+    """One encode of the N-1 pieces of x along dim -> all-to-all -> one decode-sum (own piece
+    exact, fp32 sum in rank order) straight into the result (fp16: through fp32, inf on overflow)."""
+    n, r, dev = ctx.world, ctx.rank, x.device
+    lane = Lane(dev)
+    lane.used_here(x)
+    with lane.run():
+        xm, d, axis = grouping_layout(ctx.codec, x, dim)
+        pieces = stacked(xm, d, n)
+        m = pieces[0].numel()
+        flat = pieces.view(-1)
+        nb = ctx.codec.nbytes(m, x.dtype)
+        pb = aligned(nb)
+        splits = [0 if j == r else pb for j in range(n)]
+        send = ctx.take("a2a.send", pb * (n - 1), dev)
+        recv = ctx.take("a2a.recv", pb * (n - 1), dev)
+        spans = [(j * m, m, (j - (j > r)) * pb) for j in range(n) if j != r]
+        with ctx.clock("encode_s"):
+            ctx.codec.encode_chunks(flat, send, spans)
+        with ctx.clock("comm_s"):
+            work = dist.all_to_all_single(recv, send, splits, splits, group=ctx.group, async_op=True)
+        ctx.sent(pb * (n - 1))
     yield
-    with ctx.clock("comm_s"):
-        work.wait()
-    ctx.give("a2a.send", send)
-    shape = tuple(pieces[0].shape)
-    acc = acc_dtype(ctx.codec, pieces[0].numel(), x.dtype)
-    with ctx.clock("decode_s"):
-        total = None
-        for j in range(n):
-            if j == r:
-                term = pieces[r].to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-            else:
-                o = (j - (j > r)) * pb
-                term = _decode(ctx.codec, recv[o : o + nb], shape, acc).to(torch.float32)
-            total = term if total is None else total.add_(term)
-        out = total if x.dtype == torch.float32 else total.to(x.dtype)
-    ctx.give("a2a.recv", recv)
+    with lane.run():
+        with ctx.clock("comm_s"):
+            work.wait()
+        ctx.give("a2a.send", send)
+        out = torch.empty(pieces.shape[1:], dtype=x.dtype, device=dev)
+        total = out if x.dtype != torch.float16 else torch.empty(out.shape, dtype=torch.float32, device=dev)
+        with ctx.clock("decode_s"):
+            own = flat[r * m : (r + 1) * m]
+            sums = total.view(-1)
+            ctx.codec.decode_sum_encode(recv, pb, n - 1, m, x.dtype, own=own, own_index=r, sum_out=sums)
+            if total is not out:
+                out.copy_(total)
+        ctx.give("a2a.recv", recv)
+        if axis is not None:
+            out = out.movedim(-1, axis).contiguous()
+    lane.join(out)
     return out
 
 
 def all_gather_steps(ctx: Ctx, x: torch.Tensor, dim: int) -> Steps:
-    """Encode own shard -> all-gather the buffers -> decode every shard (own too) along dim."""
+    """One encode of own shard -> all-gather the buffers -> one decode of every shard (own too)
+    straight into the result when dim is outermost (else into the stacked shards, then placed)."""
     n, dev = ctx.world, x.device
-    nb = ctx.codec.nbytes(x.numel(), x.dtype)
-    pb = aligned(nb)
-    send = ctx.take("ag.send", pb, dev)
-    recv = ctx.take("ag.recv", pb * n, dev)
-    with ctx.clock("encode_s"):
-        ctx.codec.encode(x, out=send[:nb])
-    with ctx.clock("comm_s"):
-        work = all_gather_into(recv, send, group=ctx.group, async_op=True)
-    ctx.sent(pb * (n - 1))
+    lane = Lane(dev)
+    lane.used_here(x)
+    with lane.run():
+        xm, d, axis = grouping_layout(ctx.codec, x, dim)
+        xc = xm.contiguous()
+        m = xc.numel()
+        nb = ctx.codec.nbytes(m, x.dtype)
+        pb = aligned(nb)
+        send = ctx.take("ag.send", pb, dev)
+        recv = ctx.take("ag.recv", pb * n, dev)
+        with ctx.clock("encode_s"):
+            ctx.codec.encode_chunks(xc.view(-1), send, [(0, m, 0)])
+        with ctx.clock("comm_s"):
+            work = all_gather_into(recv, send, group=ctx.group, async_op=True)
+        ctx.sent(pb * (n - 1))
     yield
-    with ctx.clock("comm_s"):
-        work.wait()
-    shape = list(x.shape)
-    s = shape[dim]
-    shape[dim] = s * n
-    out = torch.empty(shape, dtype=x.dtype, device=dev)
-    with ctx.clock("decode_s"):
-        for j in range(n):
-            packed = ctx.codec.wrap(recv[j * pb : j * pb + nb], x.shape, x.dtype)
-            ctx.codec.decode(packed, out=out.narrow(dim, j * s, s))
-    ctx.give("ag.send", send)
-    ctx.give("ag.recv", recv)
+    with lane.run():
+        with ctx.clock("comm_s"):
+            work.wait()
+        shape = list(xm.shape)
+        shape[d] *= n
+        out = torch.empty(shape, dtype=x.dtype, device=dev)
+        leading = xm.shape[:d].numel() == 1
+        dst = out if leading else torch.empty((n, *xm.shape), dtype=x.dtype, device=dev)
+        with ctx.clock("decode_s"):
+            ctx.codec.decode_chunks(recv, dst.view(-1), [(j * m, m, j * pb) for j in range(n)])
+            if not leading:
+                out.unflatten(d, (n, xm.shape[d])).copy_(dst.movedim(0, d))
+        ctx.give("ag.send", send)
+        ctx.give("ag.recv", recv)
+        if axis is not None:
+            out = out.movedim(-1, axis).contiguous()
+    lane.join(out)
     return out

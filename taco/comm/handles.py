@@ -11,7 +11,8 @@ Ordering assumptions (the same ones torch.distributed makes, plus one):
 - a compressed all-reduce issues its second transfer (the all-gather) inside `wait()`, so all
   ranks must wait on their handles in the same order relative to other collectives on the group;
 - the input tensor must not be modified before `wait()` returns (it may still be read);
-- on CUDA, `wait()` does not block the host: it orders the current stream after the transfers.
+- on CUDA, `wait()` does not block the host: it orders the current stream after the call's codec
+  side stream (`compressed.Lane`), which ran the kernels and waited on the transfers.
 """
 
 from __future__ import annotations

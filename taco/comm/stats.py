@@ -33,7 +33,8 @@ class SiteStats:
     """bytes this rank actually sent (for recv: the bytes that arrived)"""
     encode_s: float = 0.0
     decode_s: float = 0.0
-    """decode time, including the fp32 sums of all-reduce and reduce-scatter"""
+    """decode time, including the fused decode-sum-encode of all-reduce (its re-encode of the
+    sum too) and the fused decode-sum of reduce-scatter"""
     comm_s: float = 0.0
     """time issuing transfers and blocked waiting for them"""
     fallbacks: int = 0

@@ -1,4 +1,4 @@
-"""Build, cache and bind the native CPU kernels of `cpu_source.py` (plain C, loaded with ctypes).
+"""The "native" backend: the C kernels of `taco_cpu.c` on CPU tensors, built, cached and bound here.
 
 The shared library is compiled once per machine with the system C compiler (`$CC`, else cc/gcc),
 about 2 s, into `$TACO_CACHE_DIR/kernels` (default `~/.cache/taco/kernels`, else a temp
@@ -6,6 +6,11 @@ dir), keyed by a hash of the source, the flags and the CPU, and renamed into pla
 concurrent ranks may race to build it safely. No torch headers, no OpenMP (short-lived pthreads:
 safe after fork). If nothing can be built, `library()` returns None and callers use the eager
 reference (one log line says why).
+
+`NativeBackend` implements the codec backend interface (`taco.codec.backend`) at the wire level: any
+float dtype in, the codec's layout `[payload][scale_0 x ng][scale_1 x ng]` out, with no fp32 copy,
+no padding copy and no scale copies (scales are written unaligned-safe, so buffers may start at any
+byte); decode writes straight into the caller's tensor.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-from .cpu_source import SOURCE
+from taco.codec.backend import KernelBackend
+
+SOURCE = (Path(__file__).with_name("taco_cpu.c")).read_text()
 
 log = logging.getLogger("taco.kernels")
 
@@ -105,7 +112,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.taco_lut.restype = ctypes.c_float
     lib.taco_encode.argtypes = [cfg, p, i32, i64, p, p, p, i32]
     lib.taco_decode.argtypes = [cfg, p, p, p, i64, p, i32, i32]
-    lib.taco_decode_sum_encode.argtypes = [cfg, i32, i64, p, p, p, i64, p, i32, i32, p, p, p, p, i32]
+    lib.taco_decode_sum_encode.argtypes = [cfg, i32, i64, p, p, p, i64, p, i32, i32, p, p, p, p, i32, i32]
     for f in (lib.taco_init, lib.taco_encode, lib.taco_decode, lib.taco_decode_sum_encode):
         f.restype = None
     lib.taco_init()
@@ -152,3 +159,60 @@ def cfg(
 ) -> Cfg:
     """One codec configuration for the C entry points."""
     return Cfg(KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax)
+
+
+# -- the backend ----------------------------------------------------------------------------------
+def codec_cfg(codec) -> Cfg:
+    """The C configuration of a GroupCodec instance (taco, taco-1s, fp8-group, int*), made once."""
+    c = codec.__dict__.get("_native_cfg")
+    if c is None:
+        fam, g = codec.family, codec.group_size
+        if fam == "taco":
+            c = cfg("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target)
+        elif fam == "fp8":
+            c = cfg("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax)
+        else:
+            c = cfg("int", g, codec.rotate, qmax=float(codec.qmax), bits=codec.bits)
+        codec.__dict__["_native_cfg"] = c
+    return c
+
+
+def _offsets(codec, base: int, ng: int) -> tuple[int, int, int | None]:
+    """Addresses of payload, scale 0 and scale 1 (None) of one chunk starting at `base`."""
+    p = ng * codec.group_size * codec.bits // 8
+    return base, base + p, (base + p + 4 * ng if codec.n_scales == 2 else None)
+
+
+class NativeBackend(KernelBackend):
+    """The C kernels (one pass per batch of 16 groups) on CPU tensors."""
+
+    name = "native"
+
+    def supports(self, codec, device: torch.device) -> bool:
+        fam, g = getattr(codec, "family", None), getattr(codec, "group_size", 0)
+        ok = device.type == "cpu" and fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
+        return ok and library() is not None
+
+    def encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
+        x = x.contiguous()
+        q, s0, s1 = _offsets(codec, out.data_ptr(), codec.groups(x.numel()))
+        n, dt = x.numel(), DTYPE[x.dtype]
+        library().taco_encode(codec_cfg(codec), x.data_ptr(), dt, n, q, s0, s1, num_threads())
+
+    def decode(self, codec, buf: torch.Tensor, y: torch.Tensor) -> None:
+        n = y.numel()
+        q, s0, s1 = _offsets(codec, buf.data_ptr(), codec.groups(n))
+        library().taco_decode(codec_cfg(codec), q, s0, s1, n, y.data_ptr(), DTYPE[y.dtype], num_threads())
+
+    def decode_sum_encode(self, codec, bufs, stride, nchunks, numel, own, own_index, out, sum_out) -> None:
+        ng = codec.groups(numel)
+        q, s0, s1 = _offsets(codec, bufs.data_ptr(), ng)
+        oq, os0, os1 = (None, None, None) if out is None else _offsets(codec, out.data_ptr(), ng)
+        if own is not None:
+            own = own.contiguous()
+        op, odt = (None, 0) if own is None else (own.data_ptr(), DTYPE[own.dtype])
+        sp, sdt = (None, 0) if sum_out is None else (sum_out.data_ptr(), DTYPE[sum_out.dtype])
+        library().taco_decode_sum_encode(
+            codec_cfg(codec), nchunks, stride, q, s0, s1, numel, op, odt, own_index, oq, os0, os1, sp, sdt,
+            num_threads(),
+        )  # fmt: skip

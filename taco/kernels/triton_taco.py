@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taco.codec import functional as Fn
+from taco.codec.backend import KernelBackend
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ROWWISE = tl.constexpr(INTERPRET)  # see _dot
@@ -275,7 +275,8 @@ def _decode_sum_encode_kernel(
     q_ptr, s0_ptr, s1_ptr, q_stride, s_stride, nterms, own_ptr, own_index,
     oq_ptr, os0_ptr, os1_ptr, sum_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, OWN_IN: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, SUM_OUT: tl.constexpr, ENC: tl.constexpr,
+    OWN_IN: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -292,9 +293,15 @@ def _decode_sum_encode_kernel(
             y = tl.where(idx < n, y, 0.0)
             acc = tl.where(t == 0, y, acc + y)
         if SUM:
-            tl.store(sum_ptr + idx, acc, mask=idx < n)
-        _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
-                     KIND, ROTATE, FMT, G, HB, R, 3, DOT)  # fmt: skip
+            if SUM_OUT == 1:
+                tl.store(sum_ptr + idx, _bf16_bits(acc), mask=idx < n)
+            elif SUM_OUT == 2:
+                tl.store(sum_ptr + idx, acc.to(tl.float16), mask=idx < n)
+            else:
+                tl.store(sum_ptr + idx, acc, mask=idx < n)
+        if ENC:
+            _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
+                         KIND, ROTATE, FMT, G, HB, R, 3, DOT)  # fmt: skip
 
 
 # -- host side ------------------------------------------------------------------------------------
@@ -386,69 +393,6 @@ class _Spec:
         )  # fmt: skip
 
 
-def _check(h: torch.Tensor | None, g: int) -> bool:
-    return h is None or h.shape == (g, g)
-
-
-# -- registry level (the functional signatures on [ng, G] fp32 groups) -----------------------------
-def taco_encode(xg: torch.Tensor, h: torch.Tensor, fp8: torch.dtype, fmax: float, lam: float, target: float):
-    ng, g = xg.shape
-    if not runs_here(xg) or h is None or not _check(h, g):
-        return Fn.taco_encode(xg, h, fp8, fmax, lam, target)
-    q = torch.empty(ng, g, dtype=torch.uint8, device=xg.device)
-    s_q = torch.empty(ng, 1, device=xg.device)
-    s_a = torch.empty(ng, 1, device=xg.device)
-    _Spec("taco", g, True, fp8, fmax, lam, target).encode(xg.contiguous().view(-1), q, s_q, s_a)
-    return q, s_q, s_a
-
-
-def taco_decode(q: torch.Tensor, s_q: torch.Tensor, s_a: torch.Tensor, h: torch.Tensor, fp8: torch.dtype):
-    ng, g = q.shape
-    if not runs_here(q) or h is None or not _check(h, g):
-        return Fn.taco_decode(q, s_q, s_a, h, fp8)
-    y = torch.empty(ng, g, device=q.device)
-    _Spec("taco", g, True, fp8).decode(q.contiguous(), s_q.float().contiguous(), s_a.float().contiguous(), y)
-    return y
-
-
-def fp8_encode(xg: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype, fmax: float):
-    ng, g = xg.shape
-    if not runs_here(xg) or not _check(h, g):
-        return Fn.fp8_encode(xg, h, fp8, fmax)
-    q = torch.empty(ng, g, dtype=torch.uint8, device=xg.device)
-    s = torch.empty(ng, 1, device=xg.device)
-    _Spec("fp8", g, h is not None, fp8, fmax).encode(xg.contiguous().view(-1), q, s, None)
-    return q, s
-
-
-def fp8_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype):
-    ng, g = q.shape
-    if not runs_here(q) or not _check(h, g):
-        return Fn.fp8_decode(q, s, h, fp8)
-    y = torch.empty(ng, g, device=q.device)
-    _Spec("fp8", g, h is not None, fp8).decode(q.contiguous(), s.float().contiguous(), None, y)
-    return y
-
-
-def int_encode(xg: torch.Tensor, h: torch.Tensor | None, qmax: int):
-    ng, g = xg.shape
-    if not runs_here(xg) or not _check(h, g) or not 0 < qmax <= 127:
-        return Fn.int_encode(xg, h, qmax)
-    q = torch.empty(ng, g, dtype=torch.int8, device=xg.device)
-    s = torch.empty(ng, 1, device=xg.device)
-    _Spec("int", g, h is not None, qmax=qmax).encode(xg.contiguous().view(-1), q.view(torch.uint8), s, None)
-    return q, s
-
-
-def int_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None):
-    ng, g = q.shape
-    if not runs_here(q) or not _check(h, g) or q.dtype != torch.int8:
-        return Fn.int_decode(q, s, h)
-    y = torch.empty(ng, g, device=q.device)
-    _Spec("int", g, h is not None).decode(q.contiguous().view(torch.uint8), s.float().contiguous(), None, y)
-    return y
-
-
 # -- wire level (a GroupCodec's layout; see taco.kernels) ------------------------------------------
 def _aligned(buf: torch.Tensor) -> bool:
     return buf.data_ptr() % 16 == 0
@@ -462,50 +406,47 @@ def _views(codec, buf: torch.Tensor, ng: int) -> tuple[torch.Tensor, torch.Tenso
     return buf[:p], f[p // 4 : p // 4 + ng], s1
 
 
-def encode_wire(codec, x: torch.Tensor, out: torch.Tensor) -> None:
-    """Encode flat x (fp32/bf16/fp16) into `out`, the codec's wire bytes, in one kernel."""
-    dst = out if _aligned(out) else torch.empty_like(out)
-    ng = codec.groups(x.numel())
-    _Spec.of(codec).encode(x.contiguous(), *_views(codec, dst, ng))
-    if dst is not out:
-        out.copy_(dst)
+class TritonBackend(KernelBackend):
+    """The Triton kernels: one launch per encode, decode or decode-sum-encode (docs/design.md 1.3)."""
 
+    name = "triton"
 
-def decode_wire(codec, buf: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """One wire chunk -> `numel` values of `dtype`, in one kernel."""
-    buf = buf if _aligned(buf) else buf.clone()
-    y = torch.empty(numel, dtype=dtype, device=buf.device)
-    _Spec.of(codec).decode(*_views(codec, buf, codec.groups(numel)), y)
-    return y
+    def supports(self, codec, device: torch.device) -> bool:
+        return supports(codec, device)
 
+    def encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
+        dst = out if _aligned(out) else torch.empty_like(out)
+        _Spec.of(codec).encode(x.contiguous(), *_views(codec, dst, codec.groups(x.numel())))
+        if dst is not out:
+            out.copy_(dst)
 
-def decode_sum_encode_wire(
-    codec,
-    bufs: torch.Tensor,
-    nchunks: int,
-    numel: int,
-    out: torch.Tensor,
-    sum_out: torch.Tensor | None,
-    own: torch.Tensor | None = None,
-    own_index: int = 0,
-) -> None:
-    """N consecutive chunks (+ raw `own` as term own_index) -> fp32 sum in order -> `out`: one kernel."""
-    sp = _Spec.of(codec)
-    bufs = bufs if _aligned(bufs) else bufs.clone()
-    dst = out if _aligned(out) else torch.empty_like(out)
-    ng, stride = codec.groups(numel), codec.nbytes(numel)
-    q, s0, s1 = _views(codec, bufs, ng)
-    oq, os0, os1 = _views(codec, dst, ng)
-    nterms = nchunks + (own is not None)
-    if own is None:
-        own_arg, own_in, own_index = s0, 0, nterms  # never reached
-    else:
-        own_arg, own_in = _x_arg(own.contiguous())
-    _decode_sum_encode_kernel[_grid(ng, sp.r, bufs.device)](
-        q, s0, s0 if s1 is None else s1, stride, stride // 4, nterms, own_arg, own_index,
-        oq, os0, os0 if os1 is None else os1, os0 if sum_out is None else sum_out,
-        numel, ng, sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
-        SUM=sum_out is not None, OWN_IN=own_in, **sp.consts(),
-    )  # fmt: skip
-    if dst is not out:
-        out.copy_(dst)
+    def decode(self, codec, buf: torch.Tensor, y: torch.Tensor) -> None:
+        buf = buf if _aligned(buf) else buf.clone()
+        _Spec.of(codec).decode(*_views(codec, buf, codec.groups(y.numel())), y)
+
+    def decode_sum_encode(self, codec, bufs, stride, nchunks, numel, own, own_index, out, sum_out) -> None:
+        sp = _Spec.of(codec)
+        if stride % 4 or not _aligned(bufs):  # chunk k's scales are read as fp32 at k * stride
+            size = codec.nbytes(numel)
+            bufs = torch.cat([bufs[k * stride : k * stride + size] for k in range(nchunks)])
+            stride = size
+        dst = None if out is None else out if _aligned(out) else torch.empty_like(out)
+        ng = codec.groups(numel)
+        q, s0, s1 = _views(codec, bufs, ng)
+        oq, os0, os1 = (q, s0, s1) if dst is None else _views(codec, dst, ng)
+        nterms = nchunks + (own is not None)
+        if own is None:
+            own_arg, own_in, own_index = s0, 0, nterms  # never reached
+        else:
+            own_arg, own_in = _x_arg(own.contiguous())
+        sum_arg = s0 if sum_out is None else _y_arg(sum_out)
+        _decode_sum_encode_kernel[_grid(ng, sp.r, bufs.device)](
+            q, s0, s0 if s1 is None else s1, stride, stride // 4, nterms, own_arg, own_index,
+            oq, os0, os0 if os1 is None else os1, sum_arg,
+            numel, ng, sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
+            SUM=sum_out is not None, SUM_OUT=0 if sum_out is None else _OUT[sum_out.dtype],
+            ENC=dst is not None, OWN_IN=own_in, **sp.consts(),
+        )  # fmt: skip
+        if dst is not None and dst is not out:
+            out.copy_(dst)
+

@@ -1,25 +1,22 @@
-"""C source of the native CPU codec kernels (built and loaded by `taco.kernels.native`).
-
-Why C and not torch.compile: measured on 16M bf16 elements (2 cores), torch.compile of the
-reference costs ~22 s of compile per process and is only ~2.3x faster, because the dense [G, G]
-Hadamard matmul stays; a compiled butterfly formulation compiled for ~40 s and was slower still.
-Here one pass per batch of 16 whole groups does load -> stats -> butterflies -> scales -> code ->
-store with every step a loop over the 16 groups (one SIMD vector per step: the butterflies of all
-strides, the reductions and the casts vectorise); ragged tails go group by group. It builds in
-~2 s once per machine (cached on disk) and runs ~10x faster than the eager reference.
-The source lives in a Python string so that every install (wheel or editable) carries it without
-package-data configuration.
-
-Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
-(built with -ffp-contract=off): the only differences from the reference are summation orders
-(the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
-(unrotated fp8/int codecs sum nothing: their bytes are the reference's). Within this backend a
-group's bytes depend on the group alone: the 16-group batches and the single-group path (ragged
-tails, the rest of a thread's range) do the same operations in the same order, the sum of
-squares included (index order), so neither the thread count nor a group's neighbours matter.
-"""
-
-SOURCE = r"""
+/*
+ * The native CPU codec kernels (built and loaded by taco/kernels/native.py; shipped as package data).
+ *
+ * Why C and not torch.compile: measured on 16M bf16 elements (2 cores), torch.compile of the
+ * reference costs ~22 s of compile per process and is only ~2.3x faster, because the dense [G, G]
+ * Hadamard matmul stays; a compiled butterfly formulation compiled for ~40 s and was slower still.
+ * Here one pass per batch of 16 whole groups does load -> stats -> butterflies -> scales -> code ->
+ * store with every step a loop over the 16 groups (one SIMD vector per step: the butterflies of all
+ * strides, the reductions and the casts vectorise); ragged tails go group by group. It builds in
+ * ~2 s once per machine (cached on disk) and runs ~10x faster than the eager reference.
+ *
+ * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
+ * (built with -ffp-contract=off): the only differences from the reference are summation orders
+ * (the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
+ * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). Within this backend a
+ * group's bytes depend on the group alone: the 16-group batches and the single-group path (ragged
+ * tails, the rest of a thread's range) do the same operations in the same order, the sum of
+ * squares included (index order), so neither the thread count nor a group's neighbours matter.
+ */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -455,7 +452,7 @@ typedef struct {
     const cfg_t* c; const void* x; int dt; int64_t n;
     uint8_t *q, *s0, *s1; /* outputs (encode) */
     const uint8_t *iq, *is0, *is1; int64_t stride; int nchunks; /* inputs (decode, dsum) */
-    void* y; float* sum;
+    void* y; void* sum; int sum_dt; /* dsum: optional sums, in dtype sum_dt */
     const void* own; int own_dt; int own_index; /* dsum: raw local term at this position */
 } job_t;
 
@@ -511,8 +508,8 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
             for (int i = 0; i < G; i++)
                 for (int l = 0; l < L; l++) at[i][l] = tt == 0 ? t[i][l] : at[i][l] + t[i][l];
         }
-        if (j->sum) store_batch(at, DT_F32, g, G, j->sum);
-        encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+        if (j->sum) store_batch(at, j->sum_dt, g, G, j->sum);
+        if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
     }
     float acc[MAXG], v[MAXG];
     for (; g < g1; g++) {
@@ -530,8 +527,8 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
             else
                 for (int i = 0; i < G; i++) acc[i] += i < valid ? v[i] : 0.0f;
         }
-        if (j->sum) store_group(acc, DT_F32, g * G, j->n, G, j->sum);
-        encode_group(j->c, acc, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
+        if (j->sum) store_group(acc, j->sum_dt, g * G, j->n, G, j->sum);
+        if (j->q) encode_group(j->c, acc, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
     }
 }
 
@@ -559,15 +556,14 @@ void taco_decode(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint
 
 /* nchunks encoded chunks of n elements, chunk k's pointers offset by k*stride bytes: decode each
    in fp32 and sum in order, with the raw local values `own` (dtype own_dt, may be NULL) as term
-   number own_index; optionally store the n sums; re-encode the sum. */
+   number own_index; optionally store the n sums (dtype sum_dt) and re-encode them (oq != NULL). */
 void taco_decode_sum_encode(const cfg_t* c, int nchunks, int64_t stride, const uint8_t* q,
                             const uint8_t* s0, const uint8_t* s1, int64_t n, const void* own,
                             int own_dt, int own_index, uint8_t* oq, uint8_t* os0, uint8_t* os1,
-                            float* sum, int nt) {
+                            void* sum, int sum_dt, int nt) {
     job_t j = {0};
     j.c = c; j.nchunks = nchunks; j.stride = stride; j.iq = q; j.is0 = s0; j.is1 = s1; j.n = n;
     j.own = own; j.own_dt = own_dt; j.own_index = own_index;
-    j.q = oq; j.s0 = os0; j.s1 = os1; j.sum = sum;
+    j.q = oq; j.s0 = os0; j.s1 = os1; j.sum = sum; j.sum_dt = sum_dt;
     parallel_for(dsum_range, &j, groups(c, n), nt);
 }
-"""
