@@ -40,6 +40,9 @@ class Sweep:
     delay_ms: float = 0.0
     model_codec: str = "inplace"
     """the model's codec cost: "inplace" (measured inside training) or "microbench" (`codec_rates`)"""
+    fused_reduce: bool = True
+    """whether the runs timed the all-reduce's re-encode under decode_s (the fused decode-sum-encode,
+    issue 12) rather than under encode_s (sweeps saved before it: False)"""
 
     @classmethod
     def of(cls, cfg: Any, **kw: Any) -> Sweep:
@@ -109,7 +112,9 @@ def _codec_costs(rates: dict[str, dict[str, float]], codec: str) -> dict[float, 
     return out
 
 
-def inplace_codec_cost(rec: RunRecord, msgs: list[cm.Message], warmup: int) -> cm.CodecCost:
+def inplace_codec_cost(
+    rec: RunRecord, msgs: list[cm.Message], warmup: int, fused: bool = True
+) -> cm.CodecCost:
     """The codec as measured inside an (uncapped) training run: elements coded per second, and
     wire bytes per element, over the step's all-reduces (two-shot counts).
 
@@ -119,8 +124,11 @@ def inplace_codec_cost(rec: RunRecord, msgs: list[cm.Message], warmup: int) -> c
     (2N-1)/N n decoded elements reproduce encode_s + decode_s exactly."""
     s, n = rec.summarize(warmup, 1), rec.world
     elems = sum(m.numel for m in msgs)
-    per_encoded = max(s.encode_s, 1e-12) / ((n - 1) / n * elems)
-    decode_only = max(s.decode_s - per_encoded * elems / n, 1e-12)
+    if not fused:  # the unfused path timed all n encodes under encode_s
+        per_encoded, decode_only = max(s.encode_s, 1e-12) / elems, max(s.decode_s, 1e-12)
+    else:
+        per_encoded = max(s.encode_s, 1e-12) / ((n - 1) / n * elems)
+        decode_only = max(s.decode_s - per_encoded * elems / n, 1e-12)
     return cm.CodecCost(
         rec.codec,
         bytes_per_elem=s.wire_bytes / (2 * (n - 1) / n * elems),
@@ -169,7 +177,8 @@ def model_inputs(unc: LinkResult, mode: str, sweep: Sweep) -> ModelInputs:
     msgs = messages(base, sweep.numel)
     link = link_of(unc, sweep.burst)
     runs = {c: r for c in dict.fromkeys(["none", *sweep.codecs]) if (r := unc.run(mode, c)) is not None}
-    codecs = {c: inplace_codec_cost(r, msgs, sweep.warmup) for c, r in runs.items() if c != "none"}
+    fused = sweep.fused_reduce
+    codecs = {c: inplace_codec_cost(r, msgs, sweep.warmup, fused) for c, r in runs.items() if c != "none"}
     waits = {c: _wait(r, msgs, link, sweep.warmup) for c, r in runs.items()}
     return ModelInputs(s.step_s - s.comm_s, msgs, base.world, codecs, waits)
 
