@@ -87,8 +87,9 @@ def build_policy(cfg: Config) -> CommPolicy:
     # Only sites matching compression.tp_sites are compressed; the first matching glob wins.
     overrides: dict = {} if "*" in c.tp_sites else {**{g: codec for g in c.tp_sites}, "*": None}
     return CommPolicy(
-        codec=codec, overrides=overrides, min_bytes=c.min_bytes, slices=c.slices, check_sizes=False
-    )
+        codec=codec, overrides=overrides, min_bytes=c.min_bytes, slices=c.slices,
+        min_slice_bytes=c.min_slice_bytes, check_sizes=False,
+    )  # fmt: skip
 
 
 def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
@@ -100,6 +101,7 @@ def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
         options=getattr(c, f"{axis}_codec_options") if name != "none" else {},
         min_bytes=c.min_bytes,
         slices=c.slices,
+        min_slice_bytes=c.min_slice_bytes,
         check_sizes=False,
     )
 

@@ -270,8 +270,12 @@ class CompressionConfig(_Section):
     dp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={
         "doc": "Keyword options of the DP codec (inline table)."})
     slices: int = field(default=1, metadata={"doc": (
-        "Cut each compressed message into this many slices so that encoding, transfer and decoding "
-        "overlap (1 = no overlap).")})
+        "Cut each compressed all-reduce into at most this many slices, each of at least "
+        "min_slice_bytes, so that encoding, transfer and decoding overlap (1 = no overlap).")})
+    min_slice_bytes: int = field(default=1 << 20, metadata={"doc": (
+        "Smallest slice (uncompressed bytes): a message of M bytes gets min(slices, M // this) "
+        "slices, at least 1. Below ~1 MiB the per-collective latency of the uncapped loopback "
+        "outweighs the overlap (docs/design.md 1.3).")})
 
     def _check(self) -> None:
         for name in ("tp_codec", "pp_codec", "dp_codec"):
@@ -287,6 +291,8 @@ class CompressionConfig(_Section):
             self._fail("min_bytes", "must be >= 0")
         if self.slices < 1:
             self._fail("slices", "must be >= 1")
+        if self.min_slice_bytes < 1:
+            self._fail("min_slice_bytes", "must be >= 1")
 
 
 @dataclass
