@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
@@ -64,6 +65,12 @@ def _child(rank: int, fn: Callable, args: tuple, report_dir: str, log_dir: str, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the launcher stops the ranks
     try:
         fn(rank, *args)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Done, process group destroyed: skip interpreter teardown, where torch's gloo threads can
+        # still hold work objects and abort a finished rank (pytorch/pytorch#179291).
+        os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the launcher in one line
         text, log = traceback.format_exc(), Path(log_dir) / f"error_rank{rank}.log"
         try:
