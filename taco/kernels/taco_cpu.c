@@ -301,8 +301,154 @@ INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, co
    reductions and the casts vectorise; only the transposed loads/stores are strided. */
 #define L 16
 typedef float lanes_t[L];
+#define ALIGN64 __attribute__((aligned(64)))
+
+/* ---- AVX-512 transposes: the lane layout's loads and stores, 16 x 16 blocks in registers ------
+   A batch step touches 16 consecutive elements of each of the 16 groups: 16 row vectors, one 16 x 16
+   transpose (64 shuffles), 16 column vectors. Element values go through exactly the operations of
+   the scalar code (the same conversions, the same products), so the bytes do not change; builds
+   without AVX-512 (or G not a multiple of 16) take the scalar loops below. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define SIMD16 1
+
+INLINE void tr16(__m512* r) { /* in place: r[j] <- column j of the 16 rows r[0..15] */
+    __m512 t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {
+        u[k] = _mm512_shuffle_ps(t[k], t[k + 2], 0x44);
+        u[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], 0xEE);
+        u[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        u[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        t[8 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    for (int m = 0; m < 8; m++) {
+        r[m] = _mm512_shuffle_f32x4(t[m], t[8 + m], 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(t[m], t[8 + m], 0xDD);
+    }
+}
+
+INLINE __m512i bf16_bits16(__m512 v) { /* float_to_bf16 of 16 values, in the low halves */
+    __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    __m512i r = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+    r = _mm512_srli_epi32(_mm512_add_epi32(u, r), 16);
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+
+/* t[i][l] <- element i of group g0 + l (fp32, bf16: exact widenings) */
+static void load_batch16(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int l = 0; l < 16; l++) {
+            int64_t o = (g0 + l) * G + i0;
+            if (dt == DT_F32) {
+                r[l] = _mm512_loadu_ps((const float*)x + o);
+            } else {
+                __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)x + o));
+                r[l] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            }
+        }
+        tr16(r);
+        for (int k = 0; k < 16; k++) _mm512_storeu_ps(t[i0 + k], r[k]);
+    }
+}
+
+static void store_batch16(lanes_t* t, int dt, int64_t g0, int G, void* y) {
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(t[i0 + k]);
+        tr16(r);
+        for (int l = 0; l < 16; l++) {
+            int64_t o = (g0 + l) * G + i0;
+            if (dt == DT_F32)
+                _mm512_storeu_ps((float*)y + o, r[l]);
+            else
+                _mm256_storeu_si256((__m256i*)((uint16_t*)y + o), _mm512_cvtepi32_epi16(bf16_bits16(r[l])));
+        }
+    }
+}
+
+/* payload bytes of lane l at q + l * pb from the 32-bit codes code[i][l] (int4: nibble pairs) */
+static void store_codes16(uint32_t (*code)[L], int G, int bits4, uint8_t* q, int64_t pb) {
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int k = 0; k < 16; k++) r[k] = _mm512_castsi512_ps(_mm512_loadu_si512(code[i0 + k]));
+        tr16(r);
+        for (int l = 0; l < 16; l++) {
+            __m512i c = _mm512_castps_si512(r[l]);
+            if (bits4) {
+                c = _mm512_and_si512(c, _mm512_set1_epi32(0xF));
+                c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28)); /* odd nibble above the even one */
+                _mm_storel_epi64((__m128i*)(q + l * pb + i0 / 2), _mm512_cvtepi64_epi8(c));
+            } else {
+                _mm_storeu_si128((__m128i*)(q + l * pb + i0), _mm512_cvtepi32_epi8(c));
+            }
+        }
+    }
+}
+
+/* decode_batch's first step, t[i][l] = value of code i of lane l times its scale */
+static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, int G,
+                            lanes_t* t) {
+    __m512 T[8];
+    for (int k = 0; k < 8; k++) T[k] = _mm512_loadu_ps(LUT[c->fmt & 1] + 16 * k);
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int l = 0; l < 16; l++) {
+            const uint8_t* ql = q + l * pb;
+            float sc;
+            memcpy(&sc, s0 + 4 * l, 4);
+            __m512 m, s = _mm512_set1_ps(sc);
+            if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
+                __m128i b = _mm_loadl_epi64((const __m128i*)(ql + i0 / 2));
+                __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+                v = _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32(0xF));
+                v = _mm512_sub_epi32(v, _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(8)), 1));
+                m = _mm512_cvtepi32_ps(v);
+            } else if (c->kind == 2) {
+                m = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(ql + i0))));
+            } else { /* LUT[b] = LUT[b & 0x7F] with the sign of b: four 32-entry permutes */
+                __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(ql + i0)));
+                __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7F));
+                __mmask16 b5 = _mm512_test_epi32_mask(a, _mm512_set1_epi32(32));
+                __mmask16 b6 = _mm512_test_epi32_mask(a, _mm512_set1_epi32(64));
+                __m512 lo = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(T[0], a, T[1]),
+                                                 _mm512_permutex2var_ps(T[2], a, T[3]));
+                __m512 hi = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(T[4], a, T[5]),
+                                                 _mm512_permutex2var_ps(T[6], a, T[7]));
+                __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+                m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mask_blend_ps(b6, lo, hi)), sign));
+            }
+            /* s * m with s the first source: where both are NaN, x86 returns the first one, and
+               the scalar loops (and so the bytes of the reference build) return the scale's */
+            __asm__("vmulps %2, %1, %0" : "=v"(r[l]) : "v"(s), "v"(m));
+        }
+        tr16(r);
+        for (int k = 0; k < 16; k++) _mm512_storeu_ps(t[i0 + k], r[k]);
+    }
+}
+#else
+#define SIMD16 0
+#endif
 
 static void load_batch(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
+    if (SIMD16 && dt != DT_F16 && G % 16 == 0) {
+#if SIMD16
+        load_batch16(x, dt, g0, G, t);
+#endif
+        return;
+    }
     for (int l = 0; l < L; l++) {
         int64_t base = (g0 + l) * G;
         if (dt == DT_F32) {
@@ -319,6 +465,12 @@ static void load_batch(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
 }
 
 static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
+    if (SIMD16 && dt != DT_F16 && G % 16 == 0) {
+#if SIMD16
+        store_batch16(t, dt, g0, G, y);
+#endif
+        return;
+    }
     for (int l = 0; l < L; l++) {
         int64_t base = (g0 + l) * G;
         if (dt == DT_F32) {
@@ -369,7 +521,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             nan[l] |= a != a;
         }
     for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
-    uint32_t code[MAXG][L];
+    uint32_t code[MAXG][L] ALIGN64;
     if (c->kind == 2) {
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = int_bits(t[i][l] / s[l], c->qmax);
@@ -378,9 +530,15 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
     }
+    int simd = SIMD16 && G % 16 == 0;
+#if SIMD16
+    if (simd) store_codes16(code, G, c->kind == 2 && c->bits == 4, q, pb);
+#endif
     for (int l = 0; l < L; l++) {
         uint8_t* ql = q + l * pb;
-        if (c->kind == 2 && c->bits == 4)
+        if (simd)
+            ;
+        else if (c->kind == 2 && c->bits == 4)
             for (int i = 0; i < G; i += 2)
                 ql[i / 2] = (uint8_t)((code[i][l] & 0xF) | ((code[i + 1][l] & 0xF) << 4));
         else
@@ -393,6 +551,10 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
 /* decode_group for L groups into t. */
 static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, const uint8_t* s1,
                          int G, lanes_t* t) {
+#if SIMD16
+    if (G % 16 == 0) dequant_batch16(c, q, pb, s0, G, t);
+    else
+#endif
     for (int l = 0; l < L; l++) {
         const uint8_t* ql = q + l * pb;
         float s = get_f32(s0 + 4 * l);
@@ -462,7 +624,7 @@ static void encode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G; /* groups without padding */
-    lanes_t t[MAXG];
+    lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
         load_batch(j->x, j->dt, g, G, t);
         encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
@@ -478,7 +640,7 @@ static void decode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
-    lanes_t t[MAXG];
+    lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
         decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t);
         store_batch(t, j->dt, g, G, j->y);
@@ -495,7 +657,7 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
     int nterms = j->nchunks + (j->own != NULL);
-    lanes_t at[MAXG], t[MAXG];
+    lanes_t at[MAXG] ALIGN64, t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
         for (int tt = 0, k = 0; tt < nterms; tt++) {
             if (j->own != NULL && tt == j->own_index) {
