@@ -62,24 +62,26 @@ def offsets(codec, buf: torch.Tensor | None, ng: int) -> tuple:
     return (None, None, None) if buf is None else native._offsets(codec, buf.data_ptr(), ng)
 
 
-def encode(lib, codec, x: torch.Tensor, nt: int = 1) -> torch.Tensor:
-    buf = torch.zeros(codec.nbytes(x.numel()), dtype=torch.uint8)
+def encode(lib, codec, x: torch.Tensor, nt: int = 1, buf: torch.Tensor | None = None) -> torch.Tensor:
+    buf = torch.zeros(codec.nbytes(x.numel()), dtype=torch.uint8) if buf is None else buf
     q, s0, s1 = offsets(codec, buf, codec.groups(x.numel()))
     lib.taco_encode(native.codec_cfg(codec), x.data_ptr(), native.DTYPE[x.dtype], x.numel(), q, s0, s1, nt)
     return buf
 
 
-def decode(lib, codec, buf: torch.Tensor, n: int, dtype: torch.dtype, nt: int = 1) -> torch.Tensor:
-    y = torch.zeros(n, dtype=dtype)
+def decode(lib, codec, buf: torch.Tensor, n: int, dtype: torch.dtype, nt: int = 1, y=None) -> torch.Tensor:
+    y = torch.zeros(n, dtype=dtype) if y is None else y
     q, s0, s1 = offsets(codec, buf, codec.groups(n))
     lib.taco_decode(native.codec_cfg(codec), q, s0, s1, n, y.data_ptr(), native.DTYPE[dtype], nt)
     return y
 
 
-def dsum(lib, codec, bufs: torch.Tensor, k: int, n: int, own, own_index: int, reencode: bool, sdt, nt=1):
-    """decode_sum_encode of k chunks laid out back to back -> (encoded sum or None, sums or None)."""
+def dsum(lib, codec, bufs: torch.Tensor, k: int, n: int, own, own_index: int, reencode, sdt, nt=1):
+    """decode_sum_encode of k chunks laid out back to back -> (encoded sum or None, sums or None);
+    `reencode`: a bool, or the buffer to re-encode into."""
     size, ng = codec.nbytes(n), codec.groups(n)
-    out = torch.zeros(size, dtype=torch.uint8) if reencode else None
+    out = reencode if isinstance(reencode, torch.Tensor) else None
+    out = torch.zeros(size, dtype=torch.uint8) if reencode is True else out
     s = None if sdt is None else torch.zeros(n, dtype=sdt)
     q, s0, s1 = offsets(codec, bufs, ng)
     oq, os0, os1 = offsets(codec, out, ng)
@@ -160,32 +162,38 @@ def check(old, new, quick: bool) -> int:
     return count
 
 
-def timeit(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def timeit(fns: list, repeats: int) -> list[float]:
+    """Median seconds of each of `fns`, as CPU time of this thread (robust to other processes
+    taking the cores: the kernels run on the calling thread), the calls interleaved."""
+    ts: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
         fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            t = time.thread_time()
+            fn()
+            ts[k].append(time.thread_time() - t)
+    return [statistics.median(t) for t in ts]
 
 
 def bench(libs: dict, n: int, repeats: int, codecs: list[tuple[str, dict]]) -> None:
     x = torch.randn(n).to(torch.bfloat16)
-    print(f"\nns/element, {n} bf16 elements, 1 thread, median of {repeats}", "(dsum: 3 chunks + own -> re-encode)")
+    print(f"\nns/element (thread CPU time), {n} bf16 elements, 1 thread, median of {repeats}")
+    print("(dsum: 3 encoded chunks + the own bf16 chunk summed, the sum re-encoded)")
     print(f"{'codec':24s} {'op':8s} " + " ".join(f"{k:>8s}" for k in libs) + "  speedup")
     for name, opts in codecs:
         codec = taco.get_codec(name, backend="native", **opts)
         buf = encode(libs["new"], codec, x)
-        stacked = torch.cat([buf, buf, buf])
+        stacked, out, y = torch.cat([buf, buf, buf]), torch.empty_like(buf), torch.empty_like(x)
         label = f"{name} {opts.get('fmt', '')}".strip() + f" G={codec.group_size}"
         ops = {
-            "encode": lambda lib, c=codec: encode(lib, c, x),
-            "decode": lambda lib, c=codec, b=buf: decode(lib, c, b, n, torch.bfloat16),
-            "dsum": lambda lib, c=codec, b=stacked: dsum(lib, c, b, 3, n, x, 1, True, None),
+            "encode": lambda lib, c=codec, o=out: encode(lib, c, x, 1, o),
+            "decode": lambda lib, c=codec, b=buf, y=y: decode(lib, c, b, n, torch.bfloat16, 1, y),
+            "dsum": lambda lib, c=codec, b=stacked, o=out: dsum(lib, c, b, 3, n, x, 1, o, None),
         }
         for op, fn in ops.items():
-            row = [timeit(lambda lib=lib, fn=fn: fn(lib), repeats) / n * 1e9 for lib in libs.values()]
+            fns = [lambda lib=lib, fn=fn: fn(lib) for lib in libs.values()]
+            row = [t / n * 1e9 for t in timeit(fns, repeats)]
             cells = " ".join(f"{v:8.2f}" for v in row)
             print(f"{label:24s} {op:8s} {cells}  {row[0] / row[-1]:6.2f}x")
 

@@ -519,37 +519,101 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
    factors or NULL). The butterflies run in passes of up to three strides on 8 rows held in
    registers (strides 1, 2, 4, then 8, 16, 32, ...): the same sums and differences of the same
    operands as the stride-by-stride loops, with a third of the trips through memory. */
+#define BFLY(x, y)                                                                                   \
+    do {                                                                                             \
+        __m512 a_ = x, b_ = y;                                                                       \
+        x = add_first(a_, b_);                                                                       \
+        y = _mm512_sub_ps(a_, b_);                                                                   \
+    } while (0)
+
+/* one pass of log2(R) butterfly strides h0, 2 h0, .. over rows j + m h0 (m < R) held in registers;
+   the loops are spelled out (gcc keeps a looped r[] on the stack) */
+INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, const float* pre,
+                        const float* post) {
+    const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
+    const __m512 vpost = post ? _mm512_loadu_ps(post) : _mm512_setzero_ps();
+    for (int blk = 0; blk < G; blk += R * h0)
+        for (int j = blk; j < blk + h0; j++) {
+            __m512 r0, r1, r2, r3, r4, r5, r6, r7;
+            r0 = _mm512_load_ps(t[j]);
+            r1 = _mm512_load_ps(t[j + h0]);
+            if (R >= 4) {
+                r2 = _mm512_load_ps(t[j + 2 * h0]);
+                r3 = _mm512_load_ps(t[j + 3 * h0]);
+            }
+            if (R == 8) {
+                r4 = _mm512_load_ps(t[j + 4 * h0]);
+                r5 = _mm512_load_ps(t[j + 5 * h0]);
+                r6 = _mm512_load_ps(t[j + 6 * h0]);
+                r7 = _mm512_load_ps(t[j + 7 * h0]);
+            }
+            if (first && pre) {
+                r0 = mul_first(r0, vpre), r1 = mul_first(r1, vpre);
+                if (R >= 4) r2 = mul_first(r2, vpre), r3 = mul_first(r3, vpre);
+                if (R == 8) {
+                    r4 = mul_first(r4, vpre), r5 = mul_first(r5, vpre);
+                    r6 = mul_first(r6, vpre), r7 = mul_first(r7, vpre);
+                }
+            }
+            BFLY(r0, r1);
+            if (R >= 4) {
+                BFLY(r2, r3);
+                BFLY(r0, r2);
+                BFLY(r1, r3);
+            }
+            if (R == 8) {
+                BFLY(r4, r5);
+                BFLY(r6, r7);
+                BFLY(r4, r6);
+                BFLY(r5, r7);
+                BFLY(r0, r4);
+                BFLY(r1, r5);
+                BFLY(r2, r6);
+                BFLY(r3, r7);
+            }
+            if (last) {
+                r0 = _mm512_div_ps(r0, vrg), r1 = _mm512_div_ps(r1, vrg);
+                if (R >= 4) r2 = _mm512_div_ps(r2, vrg), r3 = _mm512_div_ps(r3, vrg);
+                if (R == 8) {
+                    r4 = _mm512_div_ps(r4, vrg), r5 = _mm512_div_ps(r5, vrg);
+                    r6 = _mm512_div_ps(r6, vrg), r7 = _mm512_div_ps(r7, vrg);
+                }
+                if (post) {
+                    r0 = _mm512_div_ps(r0, vpost), r1 = _mm512_div_ps(r1, vpost);
+                    if (R >= 4) r2 = _mm512_div_ps(r2, vpost), r3 = _mm512_div_ps(r3, vpost);
+                    if (R == 8) {
+                        r4 = _mm512_div_ps(r4, vpost), r5 = _mm512_div_ps(r5, vpost);
+                        r6 = _mm512_div_ps(r6, vpost), r7 = _mm512_div_ps(r7, vpost);
+                    }
+                }
+            }
+            _mm512_store_ps(t[j], r0);
+            _mm512_store_ps(t[j + h0], r1);
+            if (R >= 4) {
+                _mm512_store_ps(t[j + 2 * h0], r2);
+                _mm512_store_ps(t[j + 3 * h0], r3);
+            }
+            if (R == 8) {
+                _mm512_store_ps(t[j + 4 * h0], r4);
+                _mm512_store_ps(t[j + 5 * h0], r5);
+                _mm512_store_ps(t[j + 6 * h0], r6);
+                _mm512_store_ps(t[j + 7 * h0], r7);
+            }
+        }
+}
+
 static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post) {
     int lg = 0;
     while ((1 << lg) < G) lg++;
     const __m512 vrg = _mm512_set1_ps(rg);
-    const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
-    const __m512 vpost = post ? _mm512_loadu_ps(post) : _mm512_setzero_ps();
     for (int done = 0; done < lg;) {
-        int st = lg - done >= 3 ? 3 : lg - done, R = 1 << st, h0 = 1 << done;
-        int first = done == 0, last = done + st == lg;
-        for (int blk = 0; blk < G; blk += R * h0)
-            for (int j = blk; j < blk + h0; j++) {
-                __m512 r[8];
-                for (int m = 0; m < R; m++) {
-                    r[m] = _mm512_loadu_ps(t[j + m * h0]);
-                    if (first && pre) r[m] = mul_first(r[m], vpre);
-                }
-                for (int h = 1; h < R; h <<= 1)
-                    for (int m = 0; m < R; m += 2 * h)
-                        for (int k = m; k < m + h; k++) {
-                            __m512 a = r[k], b = r[k + h];
-                            r[k] = add_first(a, b);
-                            r[k + h] = _mm512_sub_ps(a, b);
-                        }
-                for (int m = 0; m < R; m++) {
-                    if (last) {
-                        r[m] = _mm512_div_ps(r[m], vrg);
-                        if (post) r[m] = _mm512_div_ps(r[m], vpost);
-                    }
-                    _mm512_storeu_ps(t[j + m * h0], r[m]);
-                }
-            }
+        int st = lg - done >= 3 ? 3 : lg - done, first = done == 0, last = done + st == lg;
+        if (st == 3)
+            fwht_pass16(t, G, 1 << done, 8, first, last, vrg, pre, post);
+        else if (st == 2)
+            fwht_pass16(t, G, 1 << done, 4, first, last, vrg, pre, post);
+        else
+            fwht_pass16(t, G, 1 << done, 2, first, last, vrg, pre, post);
         done += st;
     }
 }
