@@ -155,9 +155,10 @@ def check(old, new, quick: bool) -> int:
                 for own_t, idx in ((None, 0), (own, 0), (own, 2), (own.float(), 3), (own.half(), 1)):
                     for reenc, sdt in ((True, None), (True, torch.float32), (False, torch.bfloat16),
                                        (True, torch.float16)):  # fmt: skip
+                        odt = None if own_t is None else own_t.dtype
                         ra = dsum(old, codec, stacked, 3, n, own_t, idx, reenc, sdt)
                         rb = dsum(new, codec, stacked, 3, n, own_t, idx, reenc, sdt)
-                        assert same(ra[0], rb[0]) and same(ra[1], rb[1]), f"dsum {name} G={g} n={n} own@{idx}"
+                        assert same(ra[0], rb[0]) and same(ra[1], rb[1]), f"dsum {name} {opts} G={g} n={n} own@{idx} {odt} sum={sdt} re-encode={reenc}"
                         count += 1
     return count
 

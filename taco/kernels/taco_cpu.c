@@ -221,6 +221,18 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
     return v;
 }
 
+/* a + b with a as the first source where the target allows pinning it: when both are NaN, x86
+   returns the first, so the order (free for the compiler to swap) decides a NaN sum's sign */
+static inline float addf_first(float a, float b) {
+#if defined(__x86_64__) && defined(__AVX__)
+    float r;
+    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+#else
+    return a + b;
+#endif
+}
+
 static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
 static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
 
@@ -412,6 +424,11 @@ static void store_codes16(uint32_t (*code)[L], int G, int bits4, uint8_t* q, int
     }
 }
 
+/* acc <- acc + t (acc the first source: where both are NaN, acc's NaN, as in the scalar sums) */
+static void add_lanes16(lanes_t* acc, lanes_t* t, int G) {
+    for (int i = 0; i < G; i++) _mm512_store_ps(acc[i], add_first(_mm512_load_ps(acc[i]), _mm512_load_ps(t[i])));
+}
+
 /* decode_batch's first step, t[i][l] = value of code i of lane l times its scale */
 static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, int G,
                             lanes_t* t) {
@@ -529,7 +546,7 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
 /* one pass of log2(R) butterfly strides h0, 2 h0, .. over rows j + m h0 (m < R) held in registers;
    the loops are spelled out (gcc keeps a looped r[] on the stack) */
 INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, const float* pre,
-                        const float* post) {
+                        const float* post, lanes_t* acc) {
     const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
     const __m512 vpost = post ? _mm512_loadu_ps(post) : _mm512_setzero_ps();
     for (int blk = 0; blk < G; blk += R * h0)
@@ -587,33 +604,48 @@ INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int l
                     }
                 }
             }
-            _mm512_store_ps(t[j], r0);
-            _mm512_store_ps(t[j + h0], r1);
+            lanes_t* o = t;
+            if (last && acc) { /* dsum: acc + value, acc the first source (as the scalar sum) */
+                o = acc;
+                r0 = add_first(_mm512_load_ps(acc[j]), r0), r1 = add_first(_mm512_load_ps(acc[j + h0]), r1);
+                if (R >= 4) {
+                    r2 = add_first(_mm512_load_ps(acc[j + 2 * h0]), r2);
+                    r3 = add_first(_mm512_load_ps(acc[j + 3 * h0]), r3);
+                }
+                if (R == 8) {
+                    r4 = add_first(_mm512_load_ps(acc[j + 4 * h0]), r4);
+                    r5 = add_first(_mm512_load_ps(acc[j + 5 * h0]), r5);
+                    r6 = add_first(_mm512_load_ps(acc[j + 6 * h0]), r6);
+                    r7 = add_first(_mm512_load_ps(acc[j + 7 * h0]), r7);
+                }
+            }
+            _mm512_store_ps(o[j], r0);
+            _mm512_store_ps(o[j + h0], r1);
             if (R >= 4) {
-                _mm512_store_ps(t[j + 2 * h0], r2);
-                _mm512_store_ps(t[j + 3 * h0], r3);
+                _mm512_store_ps(o[j + 2 * h0], r2);
+                _mm512_store_ps(o[j + 3 * h0], r3);
             }
             if (R == 8) {
-                _mm512_store_ps(t[j + 4 * h0], r4);
-                _mm512_store_ps(t[j + 5 * h0], r5);
-                _mm512_store_ps(t[j + 6 * h0], r6);
-                _mm512_store_ps(t[j + 7 * h0], r7);
+                _mm512_store_ps(o[j + 4 * h0], r4);
+                _mm512_store_ps(o[j + 5 * h0], r5);
+                _mm512_store_ps(o[j + 6 * h0], r6);
+                _mm512_store_ps(o[j + 7 * h0], r7);
             }
         }
 }
 
-static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post) {
+static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post, lanes_t* acc) {
     int lg = 0;
     while ((1 << lg) < G) lg++;
     const __m512 vrg = _mm512_set1_ps(rg);
     for (int done = 0; done < lg;) {
         int st = lg - done >= 3 ? 3 : lg - done, first = done == 0, last = done + st == lg;
         if (st == 3)
-            fwht_pass16(t, G, 1 << done, 8, first, last, vrg, pre, post);
+            fwht_pass16(t, G, 1 << done, 8, first, last, vrg, pre, post, acc);
         else if (st == 2)
-            fwht_pass16(t, G, 1 << done, 4, first, last, vrg, pre, post);
+            fwht_pass16(t, G, 1 << done, 4, first, last, vrg, pre, post, acc);
         else
-            fwht_pass16(t, G, 1 << done, 2, first, last, vrg, pre, post);
+            fwht_pass16(t, G, 1 << done, 2, first, last, vrg, pre, post, acc);
         done += st;
     }
 }
@@ -631,7 +663,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
     }
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), c->kind == 0 ? sa : NULL, NULL);
+        fwht_batch16(t, G, (float)sqrt((double)G), c->kind == 0 ? sa : NULL, NULL, NULL);
 #endif
     } else {
         if (c->kind == 0)
@@ -675,9 +707,19 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
     }
 }
 
-/* decode_group for L groups into t. */
+/* acc <- acc + t, lane-parallel (the running sums of decode_sum_encode) */
+static void add_lanes(lanes_t* acc, lanes_t* t, int G) {
+#if SIMD16
+    add_lanes16(acc, t, G);
+#else
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) acc[i][l] = acc[i][l] + t[i][l];
+#endif
+}
+
+/* decode_group for L groups into t; with acc != NULL, acc[i][l] += the decoded values instead (t: scratch) */
 static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, const uint8_t* s1,
-                         int G, lanes_t* t) {
+                         int G, lanes_t* t, lanes_t* acc) {
 #if SIMD16
     if (G % 16 == 0) dequant_batch16(c, q, pb, s0, G, t);
     else
@@ -703,7 +745,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
         for (int l = 0; l < L; l++) sa[l] = get_f32(s1 + 4 * l);
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL);
+        fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc);
 #endif
         return;
     }
@@ -711,6 +753,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     if (c->kind == 0)
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) t[i][l] /= sa[l];
+    if (acc) add_lanes(acc, t, G);
 }
 
 /* ---- threading: contiguous group ranges on short-lived pthreads (fork-safe, no OpenMP) ----- */
@@ -775,7 +818,7 @@ static void decode_range(const void* p, int64_t g0, int64_t g1) {
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
     lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
-        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t);
+        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t, NULL);
         store_batch(t, j->dt, g, G, j->y);
     }
     float v[MAXG];
@@ -785,6 +828,8 @@ static void decode_range(const void* p, int64_t g0, int64_t g1) {
     }
 }
 
+static void dsum_groups(const job_t* j, int64_t g, int64_t g1);
+
 static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
@@ -792,20 +837,28 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     int nterms = j->nchunks + (j->own != NULL);
     lanes_t at[MAXG] ALIGN64, t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
-        for (int tt = 0, k = 0; tt < nterms; tt++) {
+        for (int tt = 0, k = 0; tt < nterms; tt++) { /* s = y_0 + y_1 + ...: y_0 lands in at as is */
             if (j->own != NULL && tt == j->own_index) {
-                load_batch(j->own, j->own_dt, g, G, t);
+                load_batch(j->own, j->own_dt, g, G, tt == 0 ? at : t);
+                if (tt > 0) add_lanes(at, t, G);
             } else {
                 int64_t o = (k++) * j->stride;
                 const uint8_t* s1 = j->is1 ? j->is1 + o + 4 * g : NULL;
-                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, t);
+                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, tt == 0 ? at : t,
+                             tt == 0 ? NULL : at);
             }
-            for (int i = 0; i < G; i++)
-                for (int l = 0; l < L; l++) at[i][l] = tt == 0 ? t[i][l] : at[i][l] + t[i][l];
         }
         if (j->sum) store_batch(at, j->sum_dt, g, G, j->sum);
         if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
     }
+    dsum_groups(j, g, g1);
+}
+
+/* dsum_range's single groups (ragged tails, the rest of a range) */
+static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int64_t g1) {
+    int G = j->c->group;
+    int64_t pb = payload_bytes(j->c);
+    int nterms = j->nchunks + (j->own != NULL);
     float acc[MAXG], v[MAXG];
     for (; g < g1; g++) {
         int64_t valid = j->n - g * G;
