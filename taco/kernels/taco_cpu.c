@@ -424,6 +424,20 @@ static void store_codes16(uint32_t (*code)[L], int G, int bits4, uint8_t* q, int
     }
 }
 
+/* per lane: the largest |t[i][l]| (NaN ignored) and whether any is NaN (encode_batch's reduction) */
+static void absmax_batch16(lanes_t* t, int G, float* amax, int* nan) {
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512 m = _mm512_setzero_ps();
+    __mmask16 isnan = 0;
+    for (int i = 0; i < G; i++) {
+        __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_load_ps(t[i])), absm));
+        isnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(a, m, _CMP_GT_OQ), a);
+    }
+    _mm512_storeu_ps(amax, m);
+    for (int l = 0; l < L; l++) nan[l] = (isnan >> l) & 1;
+}
+
 /* acc <- acc + t (acc the first source: where both are NaN, acc's NaN, as in the scalar sums) */
 static void add_lanes16(lanes_t* acc, lanes_t* t, int G) {
     for (int i = 0; i < G; i++) _mm512_store_ps(acc[i], add_first(_mm512_load_ps(acc[i]), _mm512_load_ps(t[i])));
@@ -672,13 +686,19 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
     }
     int nan[L];
-    for (int l = 0; l < L; l++) amax[l] = 0.0f, nan[l] = 0;
-    for (int i = 0; i < G; i++)
-        for (int l = 0; l < L; l++) {
-            float a = fabsf(t[i][l]);
-            amax[l] = a > amax[l] ? a : amax[l];
-            nan[l] |= a != a;
-        }
+    if (SIMD16 && G % 16 == 0) {
+#if SIMD16
+        absmax_batch16(t, G, amax, nan);
+#endif
+    } else {
+        for (int l = 0; l < L; l++) amax[l] = 0.0f, nan[l] = 0;
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) {
+                float a = fabsf(t[i][l]);
+                amax[l] = a > amax[l] ? a : amax[l];
+                nan[l] |= a != a;
+            }
+    }
     for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
     uint32_t code[MAXG][L] ALIGN64;
     if (c->kind == 2) {
