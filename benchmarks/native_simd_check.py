@@ -158,7 +158,9 @@ def check(old, new, quick: bool) -> int:
                         odt = None if own_t is None else own_t.dtype
                         ra = dsum(old, codec, stacked, 3, n, own_t, idx, reenc, sdt)
                         rb = dsum(new, codec, stacked, 3, n, own_t, idx, reenc, sdt)
-                        assert same(ra[0], rb[0]) and same(ra[1], rb[1]), f"dsum {name} {opts} G={g} n={n} own@{idx} {odt} sum={sdt} re-encode={reenc}"
+                        assert same(ra[0], rb[0]) and same(ra[1], rb[1]), (
+                            f"dsum {name} {opts} G={g} n={n} own@{idx} {odt} sum={sdt} re-encode={reenc}"
+                        )
                         count += 1
     return count
 
