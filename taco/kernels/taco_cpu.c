@@ -8,6 +8,14 @@
  * store with every step a loop over the 16 groups (one SIMD vector per step: the butterflies of all
  * strides, the reductions and the casts vectorise); ragged tails go group by group. It builds in
  * ~2 s once per machine (cached on disk) and runs ~10x faster than the eager reference.
+ * Where the compiler targets AVX-512 (-march=native on such a CPU) the batch steps that gcc does
+ * not vectorise well are written with intrinsics: the lane layout's loads, stores and payload bytes
+ * through 16 x 16 register transposes, the FP8/INT dequantisation by table permutes, the
+ * butterflies in register passes of three strides (with the scale products/divisions and the
+ * dsum accumulation fused into the first/last pass), the absmax and the FP8/INT casts. They do the
+ * same fp32 operations on the same operands, NaN-propagating operand order included, so the bytes
+ * are those of the scalar loops (checked by tests/test_kernels_native_simd.py and
+ * benchmarks/native_simd_check.py, which also times old against new: ~2x per element).
  *
  * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
  * (built with -ffp-contract=off): the only differences from the reference are summation orders
@@ -405,20 +413,56 @@ static void store_batch16(lanes_t* t, int dt, int64_t g0, int G, void* y) {
     }
 }
 
-/* payload bytes of lane l at q + l * pb from the 32-bit codes code[i][l] (int4: nibble pairs) */
-static void store_codes16(uint32_t (*code)[L], int G, int bits4, uint8_t* q, int64_t pb) {
+/* fp8_bits of 16 values (the same integer steps; the one float product and sum unfused) */
+INLINE __m512i fp8_bits16(__m512 t, float fmax, fp8c_t k) {
+    const __m512 hi = _mm512_set1_ps(fmax), lo = _mm512_set1_ps(-fmax);
+    t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, lo, _CMP_LT_OQ), lo);
+    t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, hi, _CMP_GT_OQ), hi);
+    __m512i u = _mm512_castps_si512(t), a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+    __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(k.subscale));
+    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(f, _mm512_set1_ps(12582912.0f))),
+                                   _mm512_set1_epi32(0x4B400000));
+    const __m128i sh = _mm_cvtsi32_si128(23 - k.mb);
+    __m512i odd = _mm512_and_si512(_mm512_srl_epi32(a, sh), _mm512_set1_epi32(1));
+    __m512i nrm = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((int)k.half)), odd);
+    nrm = _mm512_sub_epi32(_mm512_srl_epi32(nrm, sh), _mm512_set1_epi32((int)k.ebias));
+    __m512i code = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)k.minnorm)), sub);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)),
+                                 _mm512_set1_epi32(0x7F));
+    return _mm512_or_si512(sign, code);
+}
+
+INLINE __m512i int_bits16(__m512 t, float qmax) { /* int_bits of 16 values */
+    const __m512 C = _mm512_set1_ps(12582912.0f), hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax);
+    __m512 r = _mm512_sub_ps(_mm512_add_ps(t, C), C);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, lo, _CMP_LT_OQ), lo);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, hi, _CMP_GT_OQ), hi);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), _mm512_setzero_ps());
+    return _mm512_cvttps_epi32(r);
+}
+
+/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales), 16 rows at a time in
+   registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
+static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
+    const __m512 vs = _mm512_loadu_ps(s);
+    fp8c_t k = fp8_consts(c->fmt);
+    int bits4 = c->kind == 2 && c->bits == 4;
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
-        for (int k = 0; k < 16; k++) r[k] = _mm512_castsi512_ps(_mm512_loadu_si512(code[i0 + k]));
+        for (int j = 0; j < 16; j++) {
+            __m512 v = _mm512_div_ps(_mm512_load_ps(t[i0 + j]), vs);
+            r[j] = _mm512_castsi512_ps(c->kind == 2 ? int_bits16(v, c->qmax) : fp8_bits16(v, c->fmax, k));
+        }
         tr16(r);
         for (int l = 0; l < 16; l++) {
-            __m512i c = _mm512_castps_si512(r[l]);
+            __m512i cd = _mm512_castps_si512(r[l]);
             if (bits4) {
-                c = _mm512_and_si512(c, _mm512_set1_epi32(0xF));
-                c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28)); /* odd nibble above the even one */
-                _mm_storel_epi64((__m128i*)(q + l * pb + i0 / 2), _mm512_cvtepi64_epi8(c));
+                cd = _mm512_and_si512(cd, _mm512_set1_epi32(0xF));
+                cd = _mm512_or_si512(cd, _mm512_srli_epi64(cd, 28)); /* odd nibble above the even one */
+                _mm_storel_epi64((__m128i*)(q + l * pb + i0 / 2), _mm512_cvtepi64_epi8(cd));
             } else {
-                _mm_storeu_si128((__m128i*)(q + l * pb + i0), _mm512_cvtepi32_epi8(c));
+                _mm_storeu_si128((__m128i*)(q + l * pb + i0), _mm512_cvtepi32_epi8(cd));
             }
         }
     }
@@ -700,8 +744,13 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             }
     }
     for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
+    int simd = SIMD16 && G % 16 == 0;
     uint32_t code[MAXG][L] ALIGN64;
-    if (c->kind == 2) {
+    if (simd) {
+#if SIMD16
+        quant_store16(c, t, s, G, q, pb);
+#endif
+    } else if (c->kind == 2) {
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = int_bits(t[i][l] / s[l], c->qmax);
     } else {
@@ -709,10 +758,6 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
     }
-    int simd = SIMD16 && G % 16 == 0;
-#if SIMD16
-    if (simd) store_codes16(code, G, c->kind == 2 && c->bits == 4, q, pb);
-#endif
     for (int l = 0; l < L; l++) {
         uint8_t* ql = q + l * pb;
         if (simd)
