@@ -468,17 +468,14 @@ static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uin
     }
 }
 
-/* per lane: the largest |t[i][l]| (NaN ignored) and whether any is NaN (encode_batch's reduction) */
+/* per lane: the largest |t[i][l]| and whether any is NaN (encode_batch's reduction). On |x| the
+   fp32 order is the unsigned order of the bits, NaNs above +inf: one integer max per row. */
 static void absmax_batch16(lanes_t* t, int G, float* amax, int* nan) {
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 isnan = 0;
-    for (int i = 0; i < G; i++) {
-        __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_load_ps(t[i])), absm));
-        isnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(a, m, _CMP_GT_OQ), a);
-    }
-    _mm512_storeu_ps(amax, m);
+    __m512i m = _mm512_setzero_si512();
+    for (int i = 0; i < G; i++) m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_load_si512(t[i]), absm));
+    __mmask16 isnan = _mm512_cmpgt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
+    _mm512_storeu_si512(amax, m); /* a NaN lane's value is not used */
     for (int l = 0; l < L; l++) nan[l] = (isnan >> l) & 1;
 }
 
