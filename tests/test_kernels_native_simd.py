@@ -92,7 +92,7 @@ def test_simd_is_the_scalar_build_bytewise(scalar_lib, g):
     simd = native.library()
     for name, opts in CODECS:
         codec = taco.get_codec(name, group_size=g, backend="native", **opts)
-        for n in (g + 3, 16 * g, 35 * g + 5):
+        for n in (g + 3, 35 * g + 5):  # a ragged group; 2 batches + 3 single groups
             for dt in DTYPES:
                 for i, x in enumerate(finite_inputs(n, dt, seed=n)):
                     a, b = encode(scalar_lib, codec, x), encode(simd, codec, x)
