@@ -87,11 +87,11 @@ def _cache_dir() -> Path:
     return d
 
 
-def _compile(cc: str, out: Path) -> None:
-    """Compile SOURCE to `out`, with -march=native when the compiler accepts it."""
+def _compile(cc: str, out: Path, source: str = SOURCE) -> None:
+    """Compile `source` (default: SOURCE) to `out`, with -march=native when the compiler accepts it."""
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src = Path(tmp) / "taco_cpu.c"
-        src.write_text(SOURCE)
+        src.write_text(source)
         so = Path(tmp) / out.name
         err = ""
         for extra in (["-march=native"], []):

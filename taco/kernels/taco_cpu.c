@@ -8,6 +8,14 @@
  * store with every step a loop over the 16 groups (one SIMD vector per step: the butterflies of all
  * strides, the reductions and the casts vectorise); ragged tails go group by group. It builds in
  * ~2 s once per machine (cached on disk) and runs ~10x faster than the eager reference.
+ * Where the compiler targets AVX-512 (-march=native on such a CPU) the batch steps that gcc does
+ * not vectorise well are written with intrinsics: the lane layout's loads, stores and payload bytes
+ * through 16 x 16 register transposes, the FP8/INT dequantisation by table permutes, the
+ * butterflies in register passes of three strides (with the scale products/divisions and the
+ * dsum accumulation fused into the first/last pass), the absmax and the FP8/INT casts. They do the
+ * same fp32 operations on the same operands, NaN-propagating operand order included, so the bytes
+ * are those of the scalar loops (checked by tests/test_kernels_native_simd.py and
+ * benchmarks/native_simd_check.py, which also times old against new: ~2x per element).
  *
  * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
  * (built with -ffp-contract=off): the only differences from the reference are summation orders
@@ -221,6 +229,18 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
     return v;
 }
 
+/* a + b with a as the first source where the target allows pinning it: when both are NaN, x86
+   returns the first, so the order (free for the compiler to swap) decides a NaN sum's sign */
+static inline float addf_first(float a, float b) {
+#if defined(__x86_64__) && defined(__AVX__)
+    float r;
+    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+#else
+    return a + b;
+#endif
+}
+
 static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
 static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
 
@@ -301,8 +321,221 @@ INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, co
    reductions and the casts vectorise; only the transposed loads/stores are strided. */
 #define L 16
 typedef float lanes_t[L];
+#define ALIGN64 __attribute__((aligned(64)))
+
+/* ---- AVX-512 transposes: the lane layout's loads and stores, 16 x 16 blocks in registers ------
+   A batch step touches 16 consecutive elements of each of the 16 groups: 16 row vectors, one 16 x 16
+   transpose (64 shuffles), 16 column vectors. Element values go through exactly the operations of
+   the scalar code (the same conversions, the same products), so the bytes do not change; builds
+   without AVX-512 (or G not a multiple of 16) take the scalar loops below. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define SIMD16 1
+
+/* a + b with a as the first source: when both are NaN x86 returns the first, so the operand order
+   (which a compiler may swap for a commutative intrinsic) decides a NaN's sign and payload; the
+   scalar loops of the reference build put a first. */
+INLINE __m512 add_first(__m512 a, __m512 b) {
+    __m512 r;
+    __asm__("vaddps %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+}
+
+INLINE __m512 mul_first(__m512 a, __m512 b) { /* a * b, a the first source (as add_first) */
+    __m512 r;
+    __asm__("vmulps %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+}
+
+INLINE void tr16(__m512* r) { /* in place: r[j] <- column j of the 16 rows r[0..15] */
+    __m512 t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {
+        u[k] = _mm512_shuffle_ps(t[k], t[k + 2], 0x44);
+        u[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], 0xEE);
+        u[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        u[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        t[8 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    for (int m = 0; m < 8; m++) {
+        r[m] = _mm512_shuffle_f32x4(t[m], t[8 + m], 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(t[m], t[8 + m], 0xDD);
+    }
+}
+
+INLINE __m512i bf16_bits16(__m512 v) { /* float_to_bf16 of 16 values, in the low halves */
+    __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    __m512i r = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+    r = _mm512_srli_epi32(_mm512_add_epi32(u, r), 16);
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+
+/* t[i][l] <- element i of group g0 + l (fp32, bf16: exact widenings) */
+static void load_batch16(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int l = 0; l < 16; l++) {
+            int64_t o = (g0 + l) * G + i0;
+            if (dt == DT_F32) {
+                r[l] = _mm512_loadu_ps((const float*)x + o);
+            } else {
+                __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)x + o));
+                r[l] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            }
+        }
+        tr16(r);
+        for (int k = 0; k < 16; k++) _mm512_storeu_ps(t[i0 + k], r[k]);
+    }
+}
+
+static void store_batch16(lanes_t* t, int dt, int64_t g0, int G, void* y) {
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(t[i0 + k]);
+        tr16(r);
+        for (int l = 0; l < 16; l++) {
+            int64_t o = (g0 + l) * G + i0;
+            if (dt == DT_F32)
+                _mm512_storeu_ps((float*)y + o, r[l]);
+            else
+                _mm256_storeu_si256((__m256i*)((uint16_t*)y + o), _mm512_cvtepi32_epi16(bf16_bits16(r[l])));
+        }
+    }
+}
+
+/* fp8_bits of 16 values (the same integer steps; the one float product and sum unfused) */
+INLINE __m512i fp8_bits16(__m512 t, float fmax, fp8c_t k) {
+    const __m512 hi = _mm512_set1_ps(fmax), lo = _mm512_set1_ps(-fmax);
+    t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, lo, _CMP_LT_OQ), lo);
+    t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, hi, _CMP_GT_OQ), hi);
+    __m512i u = _mm512_castps_si512(t), a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+    __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(k.subscale));
+    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(f, _mm512_set1_ps(12582912.0f))),
+                                   _mm512_set1_epi32(0x4B400000));
+    const __m128i sh = _mm_cvtsi32_si128(23 - k.mb);
+    __m512i odd = _mm512_and_si512(_mm512_srl_epi32(a, sh), _mm512_set1_epi32(1));
+    __m512i nrm = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((int)k.half)), odd);
+    nrm = _mm512_sub_epi32(_mm512_srl_epi32(nrm, sh), _mm512_set1_epi32((int)k.ebias));
+    __m512i code = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)k.minnorm)), sub);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)),
+                                 _mm512_set1_epi32(0x7F));
+    return _mm512_or_si512(sign, code);
+}
+
+INLINE __m512i int_bits16(__m512 t, float qmax) { /* int_bits of 16 values */
+    const __m512 C = _mm512_set1_ps(12582912.0f), hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax);
+    __m512 r = _mm512_sub_ps(_mm512_add_ps(t, C), C);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, lo, _CMP_LT_OQ), lo);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, hi, _CMP_GT_OQ), hi);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), _mm512_setzero_ps());
+    return _mm512_cvttps_epi32(r);
+}
+
+/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales), 16 rows at a time in
+   registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
+static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
+    const __m512 vs = _mm512_loadu_ps(s);
+    fp8c_t k = fp8_consts(c->fmt);
+    int bits4 = c->kind == 2 && c->bits == 4;
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++) {
+            __m512 v = _mm512_div_ps(_mm512_load_ps(t[i0 + j]), vs);
+            r[j] = _mm512_castsi512_ps(c->kind == 2 ? int_bits16(v, c->qmax) : fp8_bits16(v, c->fmax, k));
+        }
+        tr16(r);
+        for (int l = 0; l < 16; l++) {
+            __m512i cd = _mm512_castps_si512(r[l]);
+            if (bits4) {
+                cd = _mm512_and_si512(cd, _mm512_set1_epi32(0xF));
+                cd = _mm512_or_si512(cd, _mm512_srli_epi64(cd, 28)); /* odd nibble above the even one */
+                _mm_storel_epi64((__m128i*)(q + l * pb + i0 / 2), _mm512_cvtepi64_epi8(cd));
+            } else {
+                _mm_storeu_si128((__m128i*)(q + l * pb + i0), _mm512_cvtepi32_epi8(cd));
+            }
+        }
+    }
+}
+
+/* per lane: the largest |t[i][l]| and whether any is NaN (encode_batch's reduction). On |x| the
+   fp32 order is the unsigned order of the bits, NaNs above +inf: one integer max per row. */
+static void absmax_batch16(lanes_t* t, int G, float* amax, int* nan) {
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i m = _mm512_setzero_si512();
+    for (int i = 0; i < G; i++) m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_load_si512(t[i]), absm));
+    __mmask16 isnan = _mm512_cmpgt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
+    _mm512_storeu_si512(amax, m); /* a NaN lane's value is not used */
+    for (int l = 0; l < L; l++) nan[l] = (isnan >> l) & 1;
+}
+
+/* acc <- acc + t (acc the first source: where both are NaN, acc's NaN, as in the scalar sums) */
+static void add_lanes16(lanes_t* acc, lanes_t* t, int G) {
+    for (int i = 0; i < G; i++) _mm512_store_ps(acc[i], add_first(_mm512_load_ps(acc[i]), _mm512_load_ps(t[i])));
+}
+
+/* decode_batch's first step, t[i][l] = value of code i of lane l times its scale */
+static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, int G,
+                            lanes_t* t) {
+    __m512 T[8];
+    for (int k = 0; k < 8; k++) T[k] = _mm512_loadu_ps(LUT[c->fmt & 1] + 16 * k);
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    for (int i0 = 0; i0 < G; i0 += 16) {
+        __m512 r[16];
+        for (int l = 0; l < 16; l++) {
+            const uint8_t* ql = q + l * pb;
+            float sc;
+            memcpy(&sc, s0 + 4 * l, 4);
+            __m512 m, s = _mm512_set1_ps(sc);
+            if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
+                __m128i b = _mm_loadl_epi64((const __m128i*)(ql + i0 / 2));
+                __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+                v = _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32(0xF));
+                v = _mm512_sub_epi32(v, _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(8)), 1));
+                m = _mm512_cvtepi32_ps(v);
+            } else if (c->kind == 2) {
+                m = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(ql + i0))));
+            } else { /* LUT[b] = LUT[b & 0x7F] with the sign of b: four 32-entry permutes */
+                __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(ql + i0)));
+                __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7F));
+                __mmask16 b5 = _mm512_test_epi32_mask(a, _mm512_set1_epi32(32));
+                __mmask16 b6 = _mm512_test_epi32_mask(a, _mm512_set1_epi32(64));
+                __m512 lo = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(T[0], a, T[1]),
+                                                 _mm512_permutex2var_ps(T[2], a, T[3]));
+                __m512 hi = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(T[4], a, T[5]),
+                                                 _mm512_permutex2var_ps(T[6], a, T[7]));
+                __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+                m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mask_blend_ps(b6, lo, hi)), sign));
+            }
+            /* s * m with s the first source: where both are NaN, x86 returns the first one, and
+               the scalar loops (and so the bytes of the reference build) return the scale's */
+            r[l] = mul_first(s, m);
+        }
+        tr16(r);
+        for (int k = 0; k < 16; k++) _mm512_storeu_ps(t[i0 + k], r[k]);
+    }
+}
+#else
+#define SIMD16 0
+#endif
 
 static void load_batch(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
+    if (SIMD16 && dt != DT_F16 && G % 16 == 0) {
+#if SIMD16
+        load_batch16(x, dt, g0, G, t);
+#endif
+        return;
+    }
     for (int l = 0; l < L; l++) {
         int64_t base = (g0 + l) * G;
         if (dt == DT_F32) {
@@ -319,6 +552,12 @@ static void load_batch(const void* x, int dt, int64_t g0, int G, lanes_t* t) {
 }
 
 static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
+    if (SIMD16 && dt != DT_F16 && G % 16 == 0) {
+#if SIMD16
+        store_batch16(t, dt, g0, G, y);
+#endif
+        return;
+    }
     for (int l = 0; l < L; l++) {
         int64_t base = (g0 + l) * G;
         if (dt == DT_F32) {
@@ -347,6 +586,126 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
         for (int l = 0; l < L; l++) t[i][l] /= rg;
 }
 
+#if SIMD16
+/* fwht_batch with its neighbours fused: t <- ((t * pre) @ H / rg) / post (pre, post: per-lane
+   factors or NULL). The butterflies run in passes of up to three strides on 8 rows held in
+   registers (strides 1, 2, 4, then 8, 16, 32, ...): the same sums and differences of the same
+   operands as the stride-by-stride loops, with a third of the trips through memory. */
+#define BFLY(x, y)                                                                                   \
+    do {                                                                                             \
+        __m512 a_ = x, b_ = y;                                                                       \
+        x = add_first(a_, b_);                                                                       \
+        y = _mm512_sub_ps(a_, b_);                                                                   \
+    } while (0)
+
+/* one pass of log2(R) butterfly strides h0, 2 h0, .. over rows j + m h0 (m < R) held in registers;
+   the loops are spelled out (gcc keeps a looped r[] on the stack) */
+INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, const float* pre,
+                        const float* post, lanes_t* acc) {
+    const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
+    const __m512 vpost = post ? _mm512_loadu_ps(post) : _mm512_setzero_ps();
+    for (int blk = 0; blk < G; blk += R * h0)
+        for (int j = blk; j < blk + h0; j++) {
+            __m512 r0, r1, r2, r3, r4, r5, r6, r7;
+            r0 = _mm512_load_ps(t[j]);
+            r1 = _mm512_load_ps(t[j + h0]);
+            if (R >= 4) {
+                r2 = _mm512_load_ps(t[j + 2 * h0]);
+                r3 = _mm512_load_ps(t[j + 3 * h0]);
+            }
+            if (R == 8) {
+                r4 = _mm512_load_ps(t[j + 4 * h0]);
+                r5 = _mm512_load_ps(t[j + 5 * h0]);
+                r6 = _mm512_load_ps(t[j + 6 * h0]);
+                r7 = _mm512_load_ps(t[j + 7 * h0]);
+            }
+            if (first && pre) {
+                r0 = mul_first(r0, vpre), r1 = mul_first(r1, vpre);
+                if (R >= 4) r2 = mul_first(r2, vpre), r3 = mul_first(r3, vpre);
+                if (R == 8) {
+                    r4 = mul_first(r4, vpre), r5 = mul_first(r5, vpre);
+                    r6 = mul_first(r6, vpre), r7 = mul_first(r7, vpre);
+                }
+            }
+            BFLY(r0, r1);
+            if (R >= 4) {
+                BFLY(r2, r3);
+                BFLY(r0, r2);
+                BFLY(r1, r3);
+            }
+            if (R == 8) {
+                BFLY(r4, r5);
+                BFLY(r6, r7);
+                BFLY(r4, r6);
+                BFLY(r5, r7);
+                BFLY(r0, r4);
+                BFLY(r1, r5);
+                BFLY(r2, r6);
+                BFLY(r3, r7);
+            }
+            if (last) {
+                r0 = _mm512_div_ps(r0, vrg), r1 = _mm512_div_ps(r1, vrg);
+                if (R >= 4) r2 = _mm512_div_ps(r2, vrg), r3 = _mm512_div_ps(r3, vrg);
+                if (R == 8) {
+                    r4 = _mm512_div_ps(r4, vrg), r5 = _mm512_div_ps(r5, vrg);
+                    r6 = _mm512_div_ps(r6, vrg), r7 = _mm512_div_ps(r7, vrg);
+                }
+                if (post) {
+                    r0 = _mm512_div_ps(r0, vpost), r1 = _mm512_div_ps(r1, vpost);
+                    if (R >= 4) r2 = _mm512_div_ps(r2, vpost), r3 = _mm512_div_ps(r3, vpost);
+                    if (R == 8) {
+                        r4 = _mm512_div_ps(r4, vpost), r5 = _mm512_div_ps(r5, vpost);
+                        r6 = _mm512_div_ps(r6, vpost), r7 = _mm512_div_ps(r7, vpost);
+                    }
+                }
+            }
+            lanes_t* o = t;
+            if (last && acc) { /* dsum: acc + value, acc the first source (as the scalar sum) */
+                o = acc;
+                r0 = add_first(_mm512_load_ps(acc[j]), r0), r1 = add_first(_mm512_load_ps(acc[j + h0]), r1);
+                if (R >= 4) {
+                    r2 = add_first(_mm512_load_ps(acc[j + 2 * h0]), r2);
+                    r3 = add_first(_mm512_load_ps(acc[j + 3 * h0]), r3);
+                }
+                if (R == 8) {
+                    r4 = add_first(_mm512_load_ps(acc[j + 4 * h0]), r4);
+                    r5 = add_first(_mm512_load_ps(acc[j + 5 * h0]), r5);
+                    r6 = add_first(_mm512_load_ps(acc[j + 6 * h0]), r6);
+                    r7 = add_first(_mm512_load_ps(acc[j + 7 * h0]), r7);
+                }
+            }
+            _mm512_store_ps(o[j], r0);
+            _mm512_store_ps(o[j + h0], r1);
+            if (R >= 4) {
+                _mm512_store_ps(o[j + 2 * h0], r2);
+                _mm512_store_ps(o[j + 3 * h0], r3);
+            }
+            if (R == 8) {
+                _mm512_store_ps(o[j + 4 * h0], r4);
+                _mm512_store_ps(o[j + 5 * h0], r5);
+                _mm512_store_ps(o[j + 6 * h0], r6);
+                _mm512_store_ps(o[j + 7 * h0], r7);
+            }
+        }
+}
+
+static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post, lanes_t* acc) {
+    int lg = 0;
+    while ((1 << lg) < G) lg++;
+    const __m512 vrg = _mm512_set1_ps(rg);
+    for (int done = 0; done < lg;) {
+        int st = lg - done >= 3 ? 3 : lg - done, first = done == 0, last = done + st == lg;
+        if (st == 3)
+            fwht_pass16(t, G, 1 << done, 8, first, last, vrg, pre, post, acc);
+        else if (st == 2)
+            fwht_pass16(t, G, 1 << done, 4, first, last, vrg, pre, post, acc);
+        else
+            fwht_pass16(t, G, 1 << done, 2, first, last, vrg, pre, post, acc);
+        done += st;
+    }
+}
+#endif
+
 /* encode_group for L groups: payload of lane l at q + l * pb, scales at s0/s1 + 4 * l. */
 static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
                          uint8_t* s1) {
@@ -356,21 +715,39 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
         for (int l = 0; l < L; l++) sa[l] = adaptive_scale(c, acc[l], G);
-        for (int i = 0; i < G; i++)
-            for (int l = 0; l < L; l++) t[i][l] *= sa[l];
     }
-    if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
+    if (SIMD16 && c->rotate && G % 16 == 0) {
+#if SIMD16
+        fwht_batch16(t, G, (float)sqrt((double)G), c->kind == 0 ? sa : NULL, NULL, NULL);
+#endif
+    } else {
+        if (c->kind == 0)
+            for (int i = 0; i < G; i++)
+                for (int l = 0; l < L; l++) t[i][l] *= sa[l];
+        if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
+    }
     int nan[L];
-    for (int l = 0; l < L; l++) amax[l] = 0.0f, nan[l] = 0;
-    for (int i = 0; i < G; i++)
-        for (int l = 0; l < L; l++) {
-            float a = fabsf(t[i][l]);
-            amax[l] = a > amax[l] ? a : amax[l];
-            nan[l] |= a != a;
-        }
+    if (SIMD16 && G % 16 == 0) {
+#if SIMD16
+        absmax_batch16(t, G, amax, nan);
+#endif
+    } else {
+        for (int l = 0; l < L; l++) amax[l] = 0.0f, nan[l] = 0;
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) {
+                float a = fabsf(t[i][l]);
+                amax[l] = a > amax[l] ? a : amax[l];
+                nan[l] |= a != a;
+            }
+    }
     for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
-    uint32_t code[MAXG][L];
-    if (c->kind == 2) {
+    int simd = SIMD16 && G % 16 == 0;
+    uint32_t code[MAXG][L] ALIGN64;
+    if (simd) {
+#if SIMD16
+        quant_store16(c, t, s, G, q, pb);
+#endif
+    } else if (c->kind == 2) {
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = int_bits(t[i][l] / s[l], c->qmax);
     } else {
@@ -380,7 +757,9 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
     }
     for (int l = 0; l < L; l++) {
         uint8_t* ql = q + l * pb;
-        if (c->kind == 2 && c->bits == 4)
+        if (simd)
+            ;
+        else if (c->kind == 2 && c->bits == 4)
             for (int i = 0; i < G; i += 2)
                 ql[i / 2] = (uint8_t)((code[i][l] & 0xF) | ((code[i + 1][l] & 0xF) << 4));
         else
@@ -390,9 +769,23 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
     }
 }
 
-/* decode_group for L groups into t. */
+/* acc <- acc + t, lane-parallel (the running sums of decode_sum_encode) */
+static void add_lanes(lanes_t* acc, lanes_t* t, int G) {
+#if SIMD16
+    add_lanes16(acc, t, G);
+#else
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) acc[i][l] = acc[i][l] + t[i][l];
+#endif
+}
+
+/* decode_group for L groups into t; with acc != NULL, acc[i][l] += the decoded values instead (t: scratch) */
 static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, const uint8_t* s1,
-                         int G, lanes_t* t) {
+                         int G, lanes_t* t, lanes_t* acc) {
+#if SIMD16
+    if (G % 16 == 0) dequant_batch16(c, q, pb, s0, G, t);
+    else
+#endif
     for (int l = 0; l < L; l++) {
         const uint8_t* ql = q + l * pb;
         float s = get_f32(s0 + 4 * l);
@@ -409,13 +802,20 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
             for (int i = 0; i < G; i++) t[i][l] = lut[ql[i]] * s;
         }
     }
-    if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
-    if (c->kind == 0) {
-        float sa[L];
+    float sa[L];
+    if (c->kind == 0)
         for (int l = 0; l < L; l++) sa[l] = get_f32(s1 + 4 * l);
+    if (SIMD16 && c->rotate && G % 16 == 0) {
+#if SIMD16
+        fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc);
+#endif
+        return;
+    }
+    if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
+    if (c->kind == 0)
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) t[i][l] /= sa[l];
-    }
+    if (acc) add_lanes(acc, t, G);
 }
 
 /* ---- threading: contiguous group ranges on short-lived pthreads (fork-safe, no OpenMP) ----- */
@@ -462,7 +862,7 @@ static void encode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G; /* groups without padding */
-    lanes_t t[MAXG];
+    lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
         load_batch(j->x, j->dt, g, G, t);
         encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
@@ -478,9 +878,9 @@ static void decode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
-    lanes_t t[MAXG];
+    lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
-        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t);
+        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t, NULL);
         store_batch(t, j->dt, g, G, j->y);
     }
     float v[MAXG];
@@ -490,27 +890,37 @@ static void decode_range(const void* p, int64_t g0, int64_t g1) {
     }
 }
 
+static void dsum_groups(const job_t* j, int64_t g, int64_t g1);
+
 static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
     int nterms = j->nchunks + (j->own != NULL);
-    lanes_t at[MAXG], t[MAXG];
+    lanes_t at[MAXG] ALIGN64, t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
-        for (int tt = 0, k = 0; tt < nterms; tt++) {
+        for (int tt = 0, k = 0; tt < nterms; tt++) { /* s = y_0 + y_1 + ...: y_0 lands in at as is */
             if (j->own != NULL && tt == j->own_index) {
-                load_batch(j->own, j->own_dt, g, G, t);
+                load_batch(j->own, j->own_dt, g, G, tt == 0 ? at : t);
+                if (tt > 0) add_lanes(at, t, G);
             } else {
                 int64_t o = (k++) * j->stride;
                 const uint8_t* s1 = j->is1 ? j->is1 + o + 4 * g : NULL;
-                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, t);
+                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, tt == 0 ? at : t,
+                             tt == 0 ? NULL : at);
             }
-            for (int i = 0; i < G; i++)
-                for (int l = 0; l < L; l++) at[i][l] = tt == 0 ? t[i][l] : at[i][l] + t[i][l];
         }
         if (j->sum) store_batch(at, j->sum_dt, g, G, j->sum);
         if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
     }
+    dsum_groups(j, g, g1);
+}
+
+/* dsum_range's single groups (ragged tails, the rest of a range) */
+static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int64_t g1) {
+    int G = j->c->group;
+    int64_t pb = payload_bytes(j->c);
+    int nterms = j->nchunks + (j->own != NULL);
     float acc[MAXG], v[MAXG];
     for (; g < g1; g++) {
         int64_t valid = j->n - g * G;
