@@ -34,6 +34,7 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import (
     build_optimizer,
+    close_data_parallel,
     load_optimizer_state,
     optimizer_state,
 )
@@ -138,6 +139,7 @@ def parallel_step(
         out[f"{a}_raw"] = sum(s.raw_bytes for s in sent)
     st = dp_hook_state(module)
     out["dp_hook_calls"] = st.calls if st is not None else 0
+    close_data_parallel(module)
     if zero:  # ZeRO-1 and plain AdamW take the same step
         names = [n for n, _ in stage.named_parameters()]
         params = [p for _, p in stage.named_parameters()]
