@@ -8,6 +8,7 @@ gradient with the unsharded model on the whole batch (asserted in the rank, valu
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 
@@ -87,6 +88,7 @@ def parallel_step(
     codecs: dict[str, str] | None = None,
     tol: float | None = 1e-4,
     zero: bool = False,
+    overlap_p2p: bool = True,
 ) -> dict:
     """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set."""
     torch.manual_seed(0)
@@ -102,7 +104,9 @@ def parallel_step(
     stage = PipelineStage(model, dims.pp_rank, pp)
     emb = embedding_group(dims, stage.tied)
     module = wrap_data_parallel(stage, dims.group("dp"), codecs.get("dp"), policy=pol["dp"])
-    engine = PipelineEngine(stage, dims, module=module, policy=pol["pp"], schedule=schedule)
+    engine = PipelineEngine(
+        stage, dims, module=module, policy=pol["pp"], schedule=schedule, overlap_p2p=overlap_p2p
+    )
     tp_group = dims.group("tp")
 
     def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -130,6 +134,8 @@ def parallel_step(
             out["checked"] += 1
     out["grad_err"] = math.sqrt(diff2 / ref2)  # relative error of this rank's gradient vector
     out["grad_digest"] = [p.grad.double().sum().item() for p in stage.parameters()]
+    grad_bytes = b"".join(p.grad.numpy().tobytes() for p in stage.parameters())
+    out["grad_sha"] = hashlib.sha256(grad_bytes).hexdigest()
     if tol is not None:
         got, want = out["loss"], out["ref_loss"]
         assert math.isclose(got, want, rel_tol=1e-5), f"loss {got!r} vs reference {want!r}: rel_tol 1e-5"

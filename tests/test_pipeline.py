@@ -133,3 +133,54 @@ def _four_stages(rank: int, world: int) -> list[dict]:
 def test_pp4_uneven_stages_tied_embedding_group_matches_reference():
     for one_f, gpipe in run_distributed(_four_stages, 4, timeout=240):
         assert one_f["checked"] > 0 and math.isclose(one_f["loss"], gpipe["loss"], rel_tol=1e-6)
+
+
+def _overlap_on_off(rank: int, world: int, pp: int, n_layer: int) -> list[tuple[dict, dict]]:
+    runs = []
+    for codec in (None, "taco"):
+        kw = dict(n_micro=2 * pp, n_layer=n_layer, codecs={"pp": codec} if codec else None, tol=None)
+        on = parallel_step(rank, world, "gpt", 1, pp, 1, overlap_p2p=True, **kw)
+        off = parallel_step(rank, world, "gpt", 1, pp, 1, overlap_p2p=False, **kw)
+        runs.append((on, off))
+    return runs
+
+
+def _assert_overlap_identical(results: list) -> None:
+    for runs in results:
+        for on, off in runs:
+            assert on["loss"] == off["loss"], (on["loss"], off["loss"])
+            assert on["grad_sha"] == off["grad_sha"]  # bit-identical gradients
+            assert on["pp_wire"] == off["pp_wire"] and on["pp_raw"] == off["pp_raw"]
+        assert runs[1][0]["pp_wire"] < runs[1][0]["pp_raw"]  # the codec run compressed
+
+
+def test_pp2_overlapped_p2p_is_bit_identical_to_blocking():
+    _assert_overlap_identical(run_distributed(_overlap_on_off, 2, 2, 3))
+
+
+@pytest.mark.slow
+def test_pp4_overlapped_p2p_is_bit_identical_to_blocking():
+    _assert_overlap_identical(run_distributed(_overlap_on_off, 4, 4, 5, timeout=240))
+
+
+def test_send_recv_exchanges_both_ways_in_any_order():
+    run_distributed(_exchange, 2)
+
+
+def _exchange(rank: int, world: int) -> None:
+    from taco import comm
+    from tests.dist import assert_equal
+
+    torch.manual_seed(rank)
+    mine, peer = torch.randn(300), 1 - rank
+    torch.manual_seed(peer)
+    theirs = torch.randn(300)
+    for codec in (None, "int8-hadamard"):
+        # both ranks send first: blocking send/recv could deadlock on a rendezvous, this cannot
+        got = comm.send_recv(mine, peer, torch.empty(300), peer, send_codec=codec, recv_codec=codec).wait()
+        want = theirs if codec is None else comm.make_codec(codec).roundtrip(theirs)
+        assert_equal(got, want, f"send_recv codec {codec}")
+        h = comm.irecv(torch.empty(300), peer, codec=codec)
+        sent = comm.isend(mine, peer, codec=codec)
+        assert_equal(h.wait(), want, f"isend/irecv codec {codec}")  # the receive first (p2p.py)
+        sent.wait()

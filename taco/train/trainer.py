@@ -114,6 +114,7 @@ class Trainer:
             module=self.module,
             policy=self.policies["pp"],
             schedule=p.pp_schedule.value,
+            overlap_p2p=p.overlap_p2p,
             act_dtype=train_dtype(cfg),
             autocast=self.autocast,
             device=self.device,
