@@ -89,6 +89,7 @@ def parallel_step(
     tol: float | None = 1e-4,
     zero: bool = False,
     overlap_p2p: bool = True,
+    overlap_wgrad: bool = True,
 ) -> dict:
     """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set."""
     torch.manual_seed(0)
@@ -100,7 +101,7 @@ def parallel_step(
     codecs = codecs or {}
     pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=False) for a in ("tp", "pp", "dp")}
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
-    apply_tensor_parallel(model, None, dims, pol["tp"])
+    apply_tensor_parallel(model, None, dims, pol["tp"], overlap_wgrad=overlap_wgrad)
     stage = PipelineStage(model, dims.pp_rank, pp)
     emb = embedding_group(dims, stage.tied)
     module = wrap_data_parallel(stage, dims.group("dp"), codecs.get("dp"), policy=pol["dp"])

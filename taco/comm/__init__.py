@@ -15,7 +15,7 @@ a sample of the calls (`CommPolicy.nonfinite_check_every`).
 """
 
 from .buffers import BufferCache, bucket_bytes
-from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter
+from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter, start_all_reduce
 from .handles import Handle
 from .p2p import irecv, isend, recv, send, send_recv
 from .policy import CommPolicy, make_codec
@@ -38,4 +38,5 @@ __all__ = [
     "reduce_scatter",
     "send",
     "send_recv",
+    "start_all_reduce",
 ]
