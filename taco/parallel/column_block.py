@@ -22,6 +22,8 @@ all-reduce is the same call on the same tensor (same codec, same bytes).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,7 +50,8 @@ class _ColumnEntry(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, g):
-        wait = start_tp_all_reduce(g, fctx.ctx, fctx.site + ".bwd") if g is not None else None
+        needed = g is not None and fctx.needs_input_grad[0]  # as stock: no x grad, no all-reduce
+        wait = start_tp_all_reduce(g, fctx.ctx, fctx.site + ".bwd") if needed else None
         grads: list[torch.Tensor | None] = []
         for i, saved in enumerate(fctx.pending.saved):
             dw = db = None
@@ -62,7 +65,7 @@ class _ColumnEntry(torch.autograd.Function):
             grads.append(dw.to(fctx.dtypes[j]) if dw is not None else None)
             if fctx.biases[i]:
                 grads.append(db.to(fctx.dtypes[j + 1]) if db is not None else None)
-        fctx.pending.saved = []  # free the saved tensors
+        fctx.pending.saved = [[] for _ in fctx.pending.saved]  # free them (retain_graph: refilled)
         dx = wait() if wait is not None else None
         return (dx, None, None, None, None, *grads)
 
@@ -103,7 +106,8 @@ class ColumnBlock:
 
     def __init__(self, ctx: TPContext, site: str, children: list[nn.Module]) -> None:
         self.ctx, self.site, self.children = ctx, site, children
-        self._current: tuple[torch.Tensor, _Pending] | None = None
+        # the entry's last output (weakly: a finished step keeps no activation alive) and its pending
+        self._current: tuple[weakref.ref, _Pending] | None = None
 
     def active(self) -> bool:
         return self.ctx.overlap_wgrad and not self.ctx.sp and self.ctx.size > 1 and torch.is_grad_enabled()
@@ -119,12 +123,12 @@ class ColumnBlock:
             biases.append(c.bias is not None)
         pending = _Pending(len(self.children))
         out = _ColumnEntry.apply(x, self.ctx, self.site, pending, biases, *params)
-        self._current = (out, pending)
+        self._current = (weakref.ref(out), pending)
         return out
 
     def linear(self, child: nn.Module, x: torch.Tensor) -> torch.Tensor:
         cur = self._current
-        if cur is None or cur[0] is not x:
+        if cur is None or cur[0]() is not x:
             return F.linear(x, child.weight, child.bias)
         index = next(i for i, c in enumerate(self.children) if c is child)
         return _ColumnLinear.apply(x, child.weight, child.bias, cur[1], index)
