@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from taco.parallel import PipelineStage, stage_layers
-from taco.parallel.pipeline import SCHEDULES, Action, one_f_one_b_actions, schedule_actions
+from taco.parallel.pipeline import _EXCHANGE, SCHEDULES, Action, one_f_one_b_actions, schedule_actions
 from taco.parallel.tags import is_pp_copy
 from tests.dist import run_distributed
 from tests.test_3d import parallel_step, tiny
@@ -44,6 +44,44 @@ def simulate(plans: list[list[Action]]) -> bool:
                 pos[q] += 1
                 moved = True
     return all(pos[p] == len(plans[p]) for p in range(len(plans)))
+
+
+def simulate_exchanges(plans: list[list[Action]]) -> bool:
+    """`simulate` with the engine's overlap_p2p: a send and a receive with the same neighbour that
+    follow each other (`_EXCHANGE`) are both posted at once; either may complete first."""
+    done = [[False] * len(plan) for plan in plans]
+
+    def posted(p: int) -> list[int]:
+        plan, i = plans[p], 0
+        while i < len(plan) and (done[p][i] or plan[i][0] in ("fwd", "bwd")):
+            i += 1
+        if i == len(plan):
+            return []
+        nxt = i + 1
+        pair = nxt < len(plan) and not done[p][nxt] and _EXCHANGE.get(plan[i][0]) == plan[nxt][0]
+        return [i, nxt] if pair else [i]
+
+    moved = True
+    while moved:
+        moved = False
+        for p in range(len(plans)):
+            for i in posted(p):
+                a = plans[p][i]
+                q = p + _PEER[a[0]]
+                for j in posted(q) if 0 <= q < len(plans) else []:
+                    if plans[q][j][0] == _MATCH[a[0]] and not done[p][i]:
+                        assert plans[q][j][1] == a[1], (p, a, q, plans[q][j])
+                        done[p][i] = done[q][j] = moved = True
+    return all(all(d or a[0] in ("fwd", "bwd") for d, a in zip(dp, plan)) for dp, plan in zip(done, plans))
+
+
+def test_1f1b_with_exchanges_runs_every_transfer_without_deadlock():
+    for n_stages in range(1, 7):
+        for n_micro in range(1, 9):
+            plans = [one_f_one_b_actions(s, n_stages, n_micro) for s in range(n_stages)]
+            assert simulate_exchanges(plans), (n_stages, n_micro)
+            pairs = sum(_EXCHANGE.get(a[0]) == b[0] for plan in plans for a, b in zip(plan, plan[1:]))
+            assert pairs >= 2 * (n_stages - 2) * max(0, n_micro - n_stages), (n_stages, n_micro, pairs)
 
 
 def test_stages_are_balanced_contiguous_and_cover_every_layer():
