@@ -8,6 +8,7 @@ gradient with the unsharded model on the whole batch (asserted in the rank, valu
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 
@@ -34,6 +35,7 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import (
     build_optimizer,
+    close_data_parallel,
     load_optimizer_state,
     optimizer_state,
 )
@@ -86,6 +88,8 @@ def parallel_step(
     codecs: dict[str, str] | None = None,
     tol: float | None = 1e-4,
     zero: bool = False,
+    overlap_p2p: bool = True,
+    overlap_wgrad: bool = True,
 ) -> dict:
     """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set."""
     torch.manual_seed(0)
@@ -97,11 +101,13 @@ def parallel_step(
     codecs = codecs or {}
     pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=False) for a in ("tp", "pp", "dp")}
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
-    apply_tensor_parallel(model, None, dims, pol["tp"])
+    apply_tensor_parallel(model, None, dims, pol["tp"], overlap_wgrad=overlap_wgrad)
     stage = PipelineStage(model, dims.pp_rank, pp)
     emb = embedding_group(dims, stage.tied)
     module = wrap_data_parallel(stage, dims.group("dp"), codecs.get("dp"), policy=pol["dp"])
-    engine = PipelineEngine(stage, dims, module=module, policy=pol["pp"], schedule=schedule)
+    engine = PipelineEngine(
+        stage, dims, module=module, policy=pol["pp"], schedule=schedule, overlap_p2p=overlap_p2p
+    )
     tp_group = dims.group("tp")
 
     def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -129,6 +135,8 @@ def parallel_step(
             out["checked"] += 1
     out["grad_err"] = math.sqrt(diff2 / ref2)  # relative error of this rank's gradient vector
     out["grad_digest"] = [p.grad.double().sum().item() for p in stage.parameters()]
+    grad_bytes = b"".join(p.grad.numpy().tobytes() for p in stage.parameters())
+    out["grad_sha"] = hashlib.sha256(grad_bytes).hexdigest()
     if tol is not None:
         got, want = out["loss"], out["ref_loss"]
         assert math.isclose(got, want, rel_tol=1e-5), f"loss {got!r} vs reference {want!r}: rel_tol 1e-5"
@@ -138,6 +146,7 @@ def parallel_step(
         out[f"{a}_raw"] = sum(s.raw_bytes for s in sent)
     st = dp_hook_state(module)
     out["dp_hook_calls"] = st.calls if st is not None else 0
+    close_data_parallel(module)
     if zero:  # ZeRO-1 and plain AdamW take the same step
         names = [n for n, _ in stage.named_parameters()]
         params = [p for _, p in stage.named_parameters()]

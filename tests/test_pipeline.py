@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from taco.parallel import PipelineStage, stage_layers
-from taco.parallel.pipeline import SCHEDULES, Action, one_f_one_b_actions, schedule_actions
+from taco.parallel.pipeline import _EXCHANGE, SCHEDULES, Action, one_f_one_b_actions, schedule_actions
 from taco.parallel.tags import is_pp_copy
 from tests.dist import run_distributed
 from tests.test_3d import parallel_step, tiny
@@ -44,6 +44,44 @@ def simulate(plans: list[list[Action]]) -> bool:
                 pos[q] += 1
                 moved = True
     return all(pos[p] == len(plans[p]) for p in range(len(plans)))
+
+
+def simulate_exchanges(plans: list[list[Action]]) -> bool:
+    """`simulate` with the engine's overlap_p2p: a send and a receive with the same neighbour that
+    follow each other (`_EXCHANGE`) are both posted at once; either may complete first."""
+    done = [[False] * len(plan) for plan in plans]
+
+    def posted(p: int) -> list[int]:
+        plan, i = plans[p], 0
+        while i < len(plan) and (done[p][i] or plan[i][0] in ("fwd", "bwd")):
+            i += 1
+        if i == len(plan):
+            return []
+        nxt = i + 1
+        pair = nxt < len(plan) and not done[p][nxt] and _EXCHANGE.get(plan[i][0]) == plan[nxt][0]
+        return [i, nxt] if pair else [i]
+
+    moved = True
+    while moved:
+        moved = False
+        for p in range(len(plans)):
+            for i in posted(p):
+                a = plans[p][i]
+                q = p + _PEER[a[0]]
+                for j in posted(q) if 0 <= q < len(plans) else []:
+                    if plans[q][j][0] == _MATCH[a[0]] and not done[p][i]:
+                        assert plans[q][j][1] == a[1], (p, a, q, plans[q][j])
+                        done[p][i] = done[q][j] = moved = True
+    return all(all(d or a[0] in ("fwd", "bwd") for d, a in zip(dp, plan)) for dp, plan in zip(done, plans))
+
+
+def test_1f1b_with_exchanges_runs_every_transfer_without_deadlock():
+    for n_stages in range(1, 7):
+        for n_micro in range(1, 9):
+            plans = [one_f_one_b_actions(s, n_stages, n_micro) for s in range(n_stages)]
+            assert simulate_exchanges(plans), (n_stages, n_micro)
+            pairs = sum(_EXCHANGE.get(a[0]) == b[0] for plan in plans for a, b in zip(plan, plan[1:]))
+            assert pairs >= 2 * (n_stages - 2) * max(0, n_micro - n_stages), (n_stages, n_micro, pairs)
 
 
 def test_stages_are_balanced_contiguous_and_cover_every_layer():
@@ -133,3 +171,54 @@ def _four_stages(rank: int, world: int) -> list[dict]:
 def test_pp4_uneven_stages_tied_embedding_group_matches_reference():
     for one_f, gpipe in run_distributed(_four_stages, 4, timeout=240):
         assert one_f["checked"] > 0 and math.isclose(one_f["loss"], gpipe["loss"], rel_tol=1e-6)
+
+
+def _overlap_on_off(rank: int, world: int, pp: int, n_layer: int) -> list[tuple[dict, dict]]:
+    runs = []
+    for codec in (None, "taco"):
+        kw = dict(n_micro=2 * pp, n_layer=n_layer, codecs={"pp": codec} if codec else None, tol=None)
+        on = parallel_step(rank, world, "gpt", 1, pp, 1, overlap_p2p=True, **kw)
+        off = parallel_step(rank, world, "gpt", 1, pp, 1, overlap_p2p=False, **kw)
+        runs.append((on, off))
+    return runs
+
+
+def _assert_overlap_identical(results: list) -> None:
+    for runs in results:
+        for on, off in runs:
+            assert on["loss"] == off["loss"], (on["loss"], off["loss"])
+            assert on["grad_sha"] == off["grad_sha"]  # bit-identical gradients
+            assert on["pp_wire"] == off["pp_wire"] and on["pp_raw"] == off["pp_raw"]
+        assert runs[1][0]["pp_wire"] < runs[1][0]["pp_raw"]  # the codec run compressed
+
+
+def test_pp2_overlapped_p2p_is_bit_identical_to_blocking():
+    _assert_overlap_identical(run_distributed(_overlap_on_off, 2, 2, 3))
+
+
+@pytest.mark.slow
+def test_pp4_overlapped_p2p_is_bit_identical_to_blocking():
+    _assert_overlap_identical(run_distributed(_overlap_on_off, 4, 4, 5, timeout=240))
+
+
+def test_send_recv_exchanges_both_ways_in_any_order():
+    run_distributed(_exchange, 2)
+
+
+def _exchange(rank: int, world: int) -> None:
+    from taco import comm
+    from tests.dist import assert_equal
+
+    torch.manual_seed(rank)
+    mine, peer = torch.randn(300), 1 - rank
+    torch.manual_seed(peer)
+    theirs = torch.randn(300)
+    for codec in (None, "int8-hadamard"):
+        # both ranks send first: blocking send/recv could deadlock on a rendezvous, this cannot
+        got = comm.send_recv(mine, peer, torch.empty(300), peer, send_codec=codec, recv_codec=codec).wait()
+        want = theirs if codec is None else comm.make_codec(codec).roundtrip(theirs)
+        assert_equal(got, want, f"send_recv codec {codec}")
+        h = comm.irecv(torch.empty(300), peer, codec=codec)
+        sent = comm.isend(mine, peer, codec=codec)
+        assert_equal(h.wait(), want, f"isend/irecv codec {codec}")  # the receive first (p2p.py)
+        sent.wait()

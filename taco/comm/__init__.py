@@ -4,6 +4,7 @@
     y = taco.comm.all_gather(x, group, dim=0)                     # concatenation along dim
     y = taco.comm.reduce_scatter(x, group, dim=0)                 # sum, then this rank's slice
     taco.comm.send(x, dst); y = taco.comm.recv(like, src)         # pipeline activations
+    h = taco.comm.send_recv(x, dst, like, src); y = h.wait()       # both posted, then waited
     policy = taco.comm.CommPolicy(overrides={"layers.*.mlp.down.fwd": "none"}, min_bytes=1 << 16)
     y = taco.comm.all_reduce(x, group, site="layers.0.attn.out.fwd", policy=policy)
     print(policy.stats.summary())   # per site; NaN/Inf checked counts; buffer high-water line
@@ -14,9 +15,9 @@ a sample of the calls (`CommPolicy.nonfinite_check_every`).
 """
 
 from .buffers import BufferCache, bucket_bytes
-from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter
+from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter, start_all_reduce
 from .handles import Handle
-from .p2p import recv, send
+from .p2p import irecv, isend, recv, send, send_recv
 from .policy import CommPolicy, make_codec
 from .stats import CommStats, SiteStats
 
@@ -30,8 +31,12 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "bucket_bytes",
+    "irecv",
+    "isend",
     "make_codec",
     "recv",
     "reduce_scatter",
     "send",
+    "send_recv",
+    "start_all_reduce",
 ]

@@ -18,6 +18,7 @@ stream-ordered in the same way.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import torch
@@ -79,6 +80,8 @@ class BufferCache:
         self._lru: OrderedDict[int, tuple[tuple[str, int, str], torch.Tensor]] = OrderedDict()
         # taken views: id(view) -> (key, buffer, view); holding the view keeps its id unique
         self._taken: dict[int, tuple[tuple[str, int, str], torch.Tensor, torch.Tensor]] = {}
+        # take/give may come from two threads (the asynchronous DDP hook's worker shares a policy)
+        self._lock = threading.Lock()
 
     @property
     def cap(self) -> int:
@@ -93,44 +96,46 @@ class BufferCache:
 
     def take(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
         """A contiguous uint8 tensor of `nbytes` on `device`, not used by any other caller until given."""
-        size = bucket_bytes(nbytes)
-        key = (role, size, str(torch.device(device)))
-        self.largest_request = max(self.largest_request, size)
-        free = self._free.get(key)
-        if free:
-            buf = free.pop()
-            del self._lru[id(buf)]
-            self.cached_bytes -= size
-        else:
-            buf = torch.empty(size, dtype=torch.uint8, device=device)
-            self.allocated_bytes += size
-        view = buf[:nbytes]
-        self._taken[id(view)] = (key, buf, view)
-        self.in_use_bytes += size
-        self.held_high_water = max(self.held_high_water, self.in_use_bytes + self.cached_bytes)
-        return view
+        with self._lock:
+            size = bucket_bytes(nbytes)
+            key = (role, size, str(torch.device(device)))
+            self.largest_request = max(self.largest_request, size)
+            free = self._free.get(key)
+            if free:
+                buf = free.pop()
+                del self._lru[id(buf)]
+                self.cached_bytes -= size
+            else:
+                buf = torch.empty(size, dtype=torch.uint8, device=device)
+                self.allocated_bytes += size
+            view = buf[:nbytes]
+            self._taken[id(view)] = (key, buf, view)
+            self.in_use_bytes += size
+            self.held_high_water = max(self.held_high_water, self.in_use_bytes + self.cached_bytes)
+            return view
 
     def give(self, role: str, view: torch.Tensor) -> None:
         """Return a tensor `take(role, ...)` returned; it may be dropped to respect the cap."""
-        entry = self._taken.get(id(view))
-        if entry is None or entry[2] is not view:
-            raise ValueError("BufferCache.give: not a buffer taken from this cache (or given twice)")
-        key, buf, _ = entry
-        if key[0] != role:
-            raise ValueError(f"BufferCache.give: buffer taken as {key[0]!r}, given back as {role!r}")
-        del self._taken[id(view)]
-        size = key[1]
-        self.in_use_bytes -= size
-        self._free.setdefault(key, []).append(buf)
-        self._lru[id(buf)] = (key, buf)
-        self.cached_bytes += size
-        cap = self.cap
-        while self.cached_bytes > cap:
-            _, (old_key, old) = self._lru.popitem(last=False)
-            free = self._free[old_key]
-            free.pop(next(i for i, b in enumerate(free) if b is old))
-            self.cached_bytes -= old_key[1]
-        self.cached_high_water = max(self.cached_high_water, self.cached_bytes)
+        with self._lock:
+            entry = self._taken.get(id(view))
+            if entry is None or entry[2] is not view:
+                raise ValueError("BufferCache.give: not a buffer taken from this cache (or given twice)")
+            key, buf, _ = entry
+            if key[0] != role:
+                raise ValueError(f"BufferCache.give: buffer taken as {key[0]!r}, given back as {role!r}")
+            del self._taken[id(view)]
+            size = key[1]
+            self.in_use_bytes -= size
+            self._free.setdefault(key, []).append(buf)
+            self._lru[id(buf)] = (key, buf)
+            self.cached_bytes += size
+            cap = self.cap
+            while self.cached_bytes > cap:
+                _, (old_key, old) = self._lru.popitem(last=False)
+                free = self._free[old_key]
+                free.pop(next(i for i, b in enumerate(free) if b is old))
+                self.cached_bytes -= old_key[1]
+            self.cached_high_water = max(self.cached_high_water, self.cached_bytes)
 
     def describe(self) -> str:
         """One line for `CommStats.summary()`: high-water marks and the cap, in MiB."""

@@ -260,6 +260,24 @@ def all_reduce(
     return call.run(_then(all_reduce_steps(call.ctx(_bytes(x)), src, dst, k), shape_back), async_op)
 
 
+def start_all_reduce(
+    x: torch.Tensor,
+    group: Group = None,
+    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
+    *,
+    site: str | None = None,
+    policy: CommPolicy | None = None,
+    slices: int | None = None,
+) -> Handle:
+    """Start `all_reduce(x, ...)` and return its handle at once; `handle.wait()` returns the sum.
+
+    The first transfer (the all-to-all, or the plain all-reduce) is in flight on return: gloo
+    async work; on CUDA the codec side stream, ordered by events (no host sync). Compute enqueued
+    before `wait()` overlaps it (the TP backward's weight-gradient GEMMs, `column_block.py`).
+    """
+    return all_reduce(x, group, codec, async_op=True, site=site, policy=policy, slices=slices)
+
+
 def all_gather(
     x: torch.Tensor,
     group: Group = None,

@@ -8,12 +8,21 @@ reduces each gradient bucket SDP4Bit-style (arXiv 2410.15526: Hadamard rotation 
 all-gather -> decode, so each value is quantized twice whatever N is, and every replica decodes
 the same bytes (the replicas stay identical). The mean is taken after the fp32 sum.
 Codec "none" keeps DDP's own all-reduce (no hook).
+
+The hook is asynchronous (docs/design.md 1.3): it queues the bucket and returns a pending future,
+so backward keeps computing the next buckets' gradients while this one is reduced. One FIFO worker
+thread per hook state reduces the buckets in submission order (DDP submits them in the same order
+on every rank, so the collectives match) on its own copy of the DP group, so its collectives never
+interleave with the main thread's on a shared group. That copy is made collectively, which makes
+`wrap_data_parallel` with a codec a collective call: every rank of the default group calls it.
 `build_optimizer` optionally shards AdamW's state over the DP group with
 `ZeroRedundancyOptimizer` (ZeRO-1); gradients are still all-reduced in full by DDP.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
+import queue
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,38 +35,125 @@ from taco import comm
 from taco.codec import Codec
 from taco.comm.policy import CodecSpec
 
-from .tags import set_dp_hook_state
+from .tags import dp_hook_state, set_dp_hook_state
 
 DP_SITE = "dp.grad"
 
 
 @dataclass
 class DPHookState:
-    """What the hook needs: the DP group, its codec, and where statistics go."""
+    """What the hook needs: the DP group, its codec, and where statistics go.
+
+    `overlap=True` reduces on the worker thread over `async_group` (a copy of `group`, see
+    `copy_group`); False reduces in the calling thread and returns a finished future (the
+    synchronous reference, bit-identical: same collective, same codec, same bytes).
+    """
 
     group: dist.ProcessGroup
-    codec: Codec
+    codec: Codec | None
     policy: comm.CommPolicy | None = None
     site: str = DP_SITE
+    overlap: bool = True
+    async_group: dist.ProcessGroup | None = None
+    """the worker's copy of `group` (None: `group` itself, when nothing else uses it concurrently)"""
     world: int = field(init=False)
     calls: int = 0
     """buckets reduced so far (one call per bucket per synchronised backward)"""
 
     def __post_init__(self) -> None:
         self.world = dist.get_world_size(self.group)
+        self._queue: queue.SimpleQueue | None = None
+        self._streams: dict[torch.device, Any] = {}
+
+    def reduce(self, buf: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        """The mean of `buf` over the group: one (compressed) two-shot all-reduce, then / N."""
+        out = comm.all_reduce(buf, group, codec=self.codec, site=self.site, policy=self.policy)
+        return out.div_(self.world)
+
+    def submit(self, buf: torch.Tensor) -> torch.futures.Future:
+        """Queue `buf` for the worker; the returned future completes with its mean.
+
+        CUDA: an event recorded now on the current stream (which produced the bucket) is waited on
+        by the worker's stream before it reads `buf`. The future is CUDA-aware (`devices=`): its
+        `set_result` on the worker's stream records an event there, and DDP's `wait()` makes the
+        consumer's current stream wait on that event (no host sync), so DDP's copy of the result
+        into the bucket is ordered after the reduction.
+        """
+        cuda = buf.device.type == "cuda"
+        fut: torch.futures.Future = torch.futures.Future(devices=[buf.device] if cuda else None)
+        ready = torch.cuda.current_stream(buf.device).record_event() if cuda else None
+        if self._queue is None:
+            self._queue = queue.SimpleQueue()
+            worker = threading.Thread(target=_worker, args=(self, self._queue), daemon=True)
+            worker.name = "taco-dp-hook"
+            worker.start()
+            self._thread = worker
+        self._queue.put((buf, ready, fut))
+        return fut
+
+    def close(self) -> None:
+        """Finish the buckets already queued and stop the worker (a daemon: it also ends with the
+        process)."""
+        if self._queue is not None:
+            self._queue.put(None)
+            self._queue = None
+            self._thread.join()
+
+
+def _worker(state: DPHookState, jobs: queue.SimpleQueue) -> None:
+    """Reduce queued buckets in FIFO order; each result or error goes to its future."""
+    group = state.async_group if state.async_group is not None else state.group
+    while (job := jobs.get()) is not None:
+        buf, ready, fut = job
+        try:
+            if ready is None:
+                fut.set_result(state.reduce(buf, group))
+                continue
+            dev = buf.device
+            stream = state._streams.get(dev)
+            if stream is None:
+                stream = state._streams[dev] = torch.cuda.Stream(device=dev)
+            with torch.cuda.device(dev), torch.cuda.stream(stream):
+                stream.wait_event(ready)  # the bucket's gradients are written
+                buf.record_stream(stream)
+                fut.set_result(state.reduce(buf, group))  # records the completion event on `stream`
+        except Exception as e:  # noqa: BLE001 - handed to DDP, raised by its wait()
+            fut.set_exception(e)
 
 
 def compressed_allreduce_hook(
     state: DPHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: mean of a flat gradient bucket over the DP group, compressed (two-shot)."""
+    """DDP comm hook: mean of a flat gradient bucket over the DP group, compressed (two-shot).
+
+    Returns at once with a pending future (`state.overlap`); DDP waits on it at the end of
+    backward and copies the result into the bucket.
+    """
     state.calls += 1
     buf = bucket.buffer()  # [numel] flat gradients of this bucket (param dtype)
-    out = comm.all_reduce(buf, state.group, codec=state.codec, site=state.site, policy=state.policy)
-    out.div_(state.world)
+    if state.overlap:
+        return state.submit(buf)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(out)  # synchronous on gloo; DDP copies the result back into the bucket
+    fut.set_result(state.reduce(buf, state.group))  # synchronous
     return fut
+
+
+def copy_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """A new process group over the same ranks as `group` (for the hook's worker thread).
+
+    Collective over the default group: every rank gathers every rank's member list and creates
+    each distinct list's group in the same order (dist.new_group needs every rank to call it).
+    """
+    mine = dist.get_process_group_ranks(group)
+    lists: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, mine)
+    made = None
+    for ranks in sorted({tuple(r) for r in lists}):
+        g = dist.new_group(list(ranks))
+        if list(ranks) == mine:
+            made = g
+    assert made is not None  # this rank's own list is among them
+    return made
 
 
 def wrap_data_parallel(
@@ -68,11 +164,15 @@ def wrap_data_parallel(
     *,
     policy: comm.CommPolicy | None = None,
     bucket_cap_mb: float = 25.0,
+    overlap: bool = True,
 ) -> nn.Module:
     """DDP(module) over `group` (the module itself when the group is None: dp == 1).
 
     codec: a name ("int8-hadamard", "int4-hadamard", ...), spec or Codec; None/"none" = DDP's
     plain all-reduce. `policy` receives the hook's statistics (site `dp.grad`).
+    With a codec this is a collective call (every rank of the default group, once per wrap): the
+    asynchronous hook's worker gets its own copy of the DP group (`copy_group`).
+    `overlap=False` reduces each bucket synchronously inside the hook (the reference path).
     """
     if group is None or dist.get_world_size(group) == 1:
         return module
@@ -88,10 +188,20 @@ def wrap_data_parallel(
     )
     c = comm.make_codec(codec, codec_options)
     if c is not None:
-        state = DPHookState(group, c, policy)
+        copy = copy_group(group) if overlap else None
+        state = DPHookState(group, c, policy, overlap=overlap, async_group=copy)
         set_dp_hook_state(ddp, state)
         ddp.register_comm_hook(state, compressed_allreduce_hook)
     return ddp
+
+
+def close_data_parallel(module: nn.Module) -> None:
+    """Stop the asynchronous hook's worker of a `wrap_data_parallel` module (no-op without one).
+
+    Call before destroying the process groups: the worker then sits idle, not inside a collective."""
+    state = dp_hook_state(module)
+    if state is not None:
+        state.close()
 
 
 def plain_allreduce_bytes(module: nn.Module, group: dist.ProcessGroup | None) -> int:

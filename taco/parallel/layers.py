@@ -3,7 +3,8 @@
 Built from a full (unsharded) module by slicing its weights, so a sharded model starts exactly
 where its single-process reference does (and HF checkpoints load full, then shard).
 Column-parallel layers do no communication themselves: their shared input enters the TP region
-once, in a pre-hook on the parent block (`apply.py`), so q/k/v (or up/gate) cost one collective.
+once, in a pre-hook on the parent block (`tensor_parallel.py`), so q/k/v (or up/gate) cost one
+collective; without SP that block's backward overlaps it with the weight gradients (`column_block.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .column_block import ColumnBlock
 from .mappings import TPContext, reduce_from_tensor_parallel_region, tp_output
 from .tags import mark_tp_partial, mark_tp_sharded
 
@@ -25,7 +27,12 @@ def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> nn.Parameter
 
 
 class ColumnParallelLinear(nn.Module):
-    """y_local = x W_r^T + b_r with W sharded on output features: W_r [out/tp, in]."""
+    """y_local = x W_r^T + b_r with W sharded on output features: W_r [out/tp, in].
+
+    Without SP (and `TPContext.overlap_wgrad`, the default) its backward leaves the weight
+    gradient to its `ColumnBlock`, which computes it while the input-gradient all-reduce is in
+    flight; with SP, without gradients or with the flag off, the plain `F.linear`.
+    """
 
     def __init__(self, full: nn.Linear, ctx: TPContext, name: str = "") -> None:
         super().__init__()
@@ -34,8 +41,12 @@ class ColumnParallelLinear(nn.Module):
         self.name = name
         self.weight = _shard(full.weight, 0, ctx, name)  # [out/tp, in]
         self.bias = _shard(full.bias, 0, ctx, name) if full.bias is not None else None
+        self.block: ColumnBlock | None = None
+        """the block sharing this layer's input (set by `apply_tensor_parallel`; column_block.py)"""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block is not None:  # wgrad overlapped with the block's input-gradient all-reduce
+            return self.block.linear(self, x)  # [b, s, out/tp]
         return F.linear(x, self.weight, self.bias)  # [b, s, out/tp]
 
     def extra_repr(self) -> str:

@@ -32,6 +32,9 @@ class TPContext:
     comm_dtype: torch.dtype | None = None
     """Floating inputs of another dtype are cast to this before each collective and the result cast
     back (bf16 training communicates bf16 even where autocast left fp32); None: as they come."""
+    overlap_wgrad: bool = True
+    """Without SP: a column-parallel block's backward starts the all-reduce of its input gradient,
+    computes the weight gradients while it is in flight, then waits (`column_block.py`)."""
 
     @property
     def size(self) -> int:
@@ -52,21 +55,35 @@ def _kw(ctx: TPContext, site: str) -> dict:
     return kw
 
 
-def _collective(
-    fn: Callable[..., torch.Tensor], x: torch.Tensor, ctx: TPContext, site: str, **kw: Any
-) -> torch.Tensor:
-    """Run one TP collective on `x` in the context's communication dtype (what travels is captured)."""
+def _to_comm(x: torch.Tensor, ctx: TPContext, site: str) -> tuple[torch.Tensor, bool]:
+    """x in the context's communication dtype (captured as it travels), and whether it was cast."""
     dtype = ctx.comm_dtype
     cast = dtype is not None and x.is_floating_point() and x.dtype != dtype
     y = x.to(dtype) if cast else x
     if ctx.capture is not None:
         ctx.capture(site, y)
+    return y, cast
+
+
+def _collective(
+    fn: Callable[..., torch.Tensor], x: torch.Tensor, ctx: TPContext, site: str, **kw: Any
+) -> torch.Tensor:
+    """Run one TP collective on `x` in the context's communication dtype (what travels is captured)."""
+    y, cast = _to_comm(x, ctx, site)
     out = fn(y, **kw, **_kw(ctx, site))
     return out.to(x.dtype) if cast else out
 
 
 def _all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     return _collective(comm.all_reduce, x, ctx, site)
+
+
+def start_tp_all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> Callable[[], torch.Tensor]:
+    """Start the all-reduce `_all_reduce` would run (same dtype, capture, codec and bytes); the
+    returned function waits for it and returns the sum in x's dtype."""
+    y, cast = _to_comm(x, ctx, site)
+    handle = comm.start_all_reduce(y, **_kw(ctx, site))
+    return lambda: handle.wait().to(x.dtype) if cast else handle.wait()
 
 
 def _all_gather(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:

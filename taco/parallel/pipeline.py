@@ -14,8 +14,11 @@ has posted the matching recv (rendezvous), so any two neighbours must never both
 GPipe only sends one way at a time. 1F1B (Megatron, arXiv 2104.04473) has two steady-state
 exchanges in which neighbours send to each other (Megatron's `send_forward_recv_backward` and
 `send_backward_recv_forward`); there even stages send first and odd stages receive first, so
-each pair (p, p+1) always has one sender and one receiver. Within a direction, messages between
-two ranks match in order (same tag), and every TP rank of a stage runs the same actions.
+each pair (p, p+1) always has one sender and one receiver. With `overlap_p2p` (default) such a
+send and receive run as one `taco.comm.send_recv`: both are posted before either is waited on
+(the receive first), so the exchange never depends on which neighbour reaches it first.
+Within a direction, messages between two ranks match in order (same tag), and every TP rank of
+a stage runs the same actions.
 With TP inside a stage the activation [b, s, h] is replicated over the TP group (with SP each TP
 rank holds [b, s/tp, h]): TP rank t of stage i sends to TP rank t of stage i+1.
 """
@@ -39,6 +42,11 @@ from .tags import mark_pp_copy, tp_context
 Action = tuple[str, int]
 """(kind, micro-batch): kind in fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd."""
 SCHEDULES = ("1f1b", "gpipe")
+_WHAT = {"send_fwd": "act", "recv_fwd": "act", "send_bwd": "grad", "recv_bwd": "grad"}
+# a send and a receive with the same neighbour, in either order, run as one exchange (overlap_p2p)
+_EXCHANGE = {
+    "send_fwd": "recv_bwd", "recv_bwd": "send_fwd", "send_bwd": "recv_fwd", "recv_fwd": "send_bwd",
+}  # fmt: skip
 
 
 def stage_layers(n_layer: int, n_stages: int, stage: int) -> range:
@@ -212,6 +220,9 @@ class PipelineEngine:
     their statistics; None: plain send/recv. `act_dtype`: the dtype activations and their gradients
     travel in between stages (the trainer passes the training dtype: bf16 training sends bf16, as
     TP does). `device`: where received tensors and the loss are made (default: the stage's).
+    `overlap_p2p`: a send and a receive with the same neighbour that follow each other in the
+    schedule (1F1B's steady-state pairs) are posted together (`taco.comm.send_recv`) and then
+    waited on, instead of one blocking transfer after the other; results are identical.
     """
 
     def __init__(
@@ -225,8 +236,10 @@ class PipelineEngine:
         act_dtype: torch.dtype = torch.float32,
         autocast: bool = False,
         device: torch.device | str | None = None,
+        overlap_p2p: bool = True,
     ) -> None:
         schedule_actions(schedule, 0, 1, 1)  # validates the name
+        self.overlap_p2p = overlap_p2p
         self.stage, self.dims, self.policy, self.schedule = stage, dims, policy, schedule
         self.module = module if module is not None else stage
         self.act_dtype, self.autocast = act_dtype, autocast
@@ -256,6 +269,22 @@ class PipelineEngine:
         codec = self._codec(what, like, policy)
         return comm.recv(like, peer, self.group, codec=codec, site=f"pp.{what}.recv", policy=policy)
 
+    def _exchange(
+        self, t: torch.Tensor, send_kind: str, shape: tuple[int, ...], policy: comm.CommPolicy | None
+    ) -> torch.Tensor:
+        """Send t and receive from the same neighbour, both posted before either is waited on
+        (`send_forward_recv_backward` for send_fwd, `send_backward_recv_forward` for send_bwd)."""
+        what = _WHAT[send_kind]
+        back = "grad" if what == "act" else "act"
+        peer = self.next if what == "act" else self.prev
+        like = torch.empty((), dtype=self.act_dtype, device=self.device).expand(shape)
+        h = comm.send_recv(
+            t, peer, like, peer, self.group,
+            send_codec=self._codec(what, t, policy), recv_codec=self._codec(back, like, policy),
+            send_site=f"pp.{what}", recv_site=f"pp.{back}.recv", policy=policy,
+        )  # fmt: skip
+        return h.wait()
+
     # -- running a schedule ------------------------------------------------------------------
     def _run(
         self,
@@ -281,9 +310,34 @@ class PipelineEngine:
         ddp = self.module if train and is_ddp else None
         module = self.module if train else self.stage
         last_bwd = n_micro - 1
-        for kind, k in actions:
+        def send_tensor(kind: str, k: int) -> torch.Tensor:
+            if kind == "send_fwd":
+                return (outputs[k] if train else outputs.pop(k)).detach()  # freed after the send
+            return inputs.pop(k).grad
+
+        def sent(kind: str, k: int) -> None:
+            if kind == "send_fwd" and k in outputs:
+                _free(outputs[k])  # backward needs the output's graph, not its values
+
+        def received(kind: str, k: int, t: torch.Tensor) -> None:
             if kind == "recv_fwd":
-                inputs[k] = self._recv("act", shape, policy).requires_grad_(train)
+                inputs[k] = t.requires_grad_(train)
+            else:
+                grads[k] = t
+
+        i = 0
+        while i < len(actions):
+            kind, k = actions[i]
+            pair = actions[i + 1] if self.overlap_p2p and i + 1 < len(actions) else None
+            if pair is not None and _EXCHANGE.get(kind) == pair[0]:  # 1F1B: both posted, then waited
+                (snd, ks), (rcv, kr) = (actions[i], pair) if kind.startswith("send") else (pair, actions[i])
+                received(rcv, kr, self._exchange(send_tensor(snd, ks), snd, shape, policy))
+                sent(snd, ks)
+                i += 2
+                continue
+            i += 1
+            if kind in ("recv_fwd", "recv_bwd"):
+                received(kind, k, self._recv(_WHAT[kind], shape, policy))
             elif kind == "fwd":
                 inp = xs[k] if self.stage.is_first else inputs[k]
                 amp = torch.autocast(x.device.type, torch.bfloat16, enabled=self.autocast)
@@ -297,18 +351,13 @@ class PipelineEngine:
                 outputs[k] = out
                 if not train:
                     inputs.pop(k, None)
-            elif kind == "send_fwd":
-                out = outputs[k] if train else outputs.pop(k)
-                self._send(out.detach(), "act", policy)
-                _free(out)  # backward needs out's graph, not its values
-            elif kind == "recv_bwd":
-                grads[k] = self._recv("grad", shape, policy)
+            elif kind in ("send_fwd", "send_bwd"):
+                self._send(send_tensor(kind, k), _WHAT[kind], policy)
+                sent(kind, k)
             elif kind == "bwd":
                 if ddp is not None and k == last_bwd:  # the step's last backward reduces over DP
                     ddp.reducer.prepare_for_backward([outputs[k]])
                 _backward(outputs.pop(k), grads.pop(k, None))
-            elif kind == "send_bwd":
-                self._send(inputs.pop(k).grad, "grad", policy)
         if self.group is not None:  # the loss lives on the last stage; share it with the others
             dist.all_reduce(total, group=self.group)
         return total

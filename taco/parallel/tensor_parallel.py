@@ -3,8 +3,9 @@
 `apply_tensor_parallel(model, plan, dims, policy)` swaps modules in place by style (see
 `taco.models.plans`) and adds the region entries as forward pre-hooks:
 - each block whose children are column-parallel (attn: q/k/v; mlp: up/gate) enters the TP region
-  once: site `layers.{i}.attn.qkv` / `layers.{i}.mlp.up` (all-reduce in backward; with SP an
-  all-gather forward and a reduce-scatter backward);
+  once: site `layers.{i}.attn.qkv` / `layers.{i}.mlp.up` (all-reduce in backward, overlapped with
+  the children's weight gradients by a `ColumnBlock`; with SP an all-gather forward and a
+  reduce-scatter backward);
 - row-parallel outputs leave it: site `layers.{i}.attn.out` / `layers.{i}.mlp.down`;
 - with SP, the first layer's input is split along the sequence (site `layers.0.in`) and the
   head's input is gathered back (site `lm_head`).
@@ -20,9 +21,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .column_block import ColumnBlock
 from .dims import ParallelDims
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from .mappings import TPContext, scatter_to_sequence_parallel_region, tp_input
+from .mappings import TPContext, scatter_to_sequence_parallel_region
 from .tags import is_tp_partial, mark_tp_partial, set_tp_context, tp_context
 
 
@@ -35,18 +37,28 @@ def _input_site(parent: str, children: list[str]) -> str:
     return f"{parent}.qkv" if "q" in children else f"{parent}.{children[0]}"
 
 
+def _enter_block(parent: nn.Module, block: ColumnBlock) -> None:
+    """Enter the TP region at `parent`'s input through `block` (tp_input, or the wgrad-overlapped
+    entry of column_block.py); the block's column-parallel layers use it in their forward."""
+    for child in block.children:
+        child.block = block
+    parent.register_forward_pre_hook(lambda m, a: (block.enter(a[0]), *a[1:]))
+
+
 def apply_tensor_parallel(
     model: nn.Module,
     plan: dict[str, str] | None,
     dims: ParallelDims | TPContext,
     policy: Any = None,
     comm_dtype: torch.dtype | None = None,
+    overlap_wgrad: bool | None = None,
 ) -> nn.Module:
     """Shard `model` (built full, identically on every TP rank) in place; returns it.
 
     `dims`: a built `ParallelDims` (its TP group and `sp` are used) or a ready `TPContext`.
     `policy`: a `taco.comm.CommPolicy` choosing the codec per site (None: plain collectives).
     `comm_dtype`: the dtype the TP collectives' inputs are cast to (None: as they come).
+    `overlap_wgrad`: sets `TPContext.overlap_wgrad` (None: keep the context's, on by default).
     """
     from taco.models.plans import check_tp_size, resolve_plan  # models reach parallel only through plans
 
@@ -55,6 +67,8 @@ def apply_tensor_parallel(
         ctx.policy = policy
     if comm_dtype is not None:
         ctx.comm_dtype = comm_dtype
+    if overlap_wgrad is not None:
+        ctx.overlap_wgrad = overlap_wgrad
     set_tp_context(model, ctx)
     if ctx.size == 1:
         return model
@@ -75,17 +89,15 @@ def apply_tensor_parallel(
             new = ColumnParallelLinear(mod, ctx, name)
             if id(mod.weight) in tied:  # tied embeddings: share the vocab shard itself
                 new.weight = tied[id(mod.weight)]
-            new.register_forward_pre_hook(lambda m, a, n=name: (tp_input(a[0], ctx, n), *a[1:]))
+            _enter_block(new, ColumnBlock(ctx, name, [new]))
         elif style == "rowwise":
             new = RowParallelLinear(mod, ctx, name)
         else:  # replicate
             continue
         _set_module(model, name, new)
     for parent, children in col_children.items():
-        site = _input_site(parent, children)
-        model.get_submodule(parent).register_forward_pre_hook(
-            lambda m, a, s=site: (tp_input(a[0], ctx, s), *a[1:])
-        )
+        mods = [model.get_submodule(f"{parent}.{c}") for c in children]
+        _enter_block(model.get_submodule(parent), ColumnBlock(ctx, _input_site(parent, children), mods))
     for name, style in styles.items():
         if style != "replicate":
             continue

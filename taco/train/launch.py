@@ -72,10 +72,15 @@ def init_rank(cfg: Config, local_rank: int, **init: Any) -> torch.device:
 
 def run_rank(cfg: Config, data_dir: Path, device: torch.device) -> dict[str, Any]:
     """The whole run on this rank (process group already initialised): build the mesh, fit."""
+    from taco.parallel.data_parallel import close_data_parallel
     from taco.train.trainer import Trainer
 
     dims = cfg.parallel.dims().build(timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s))
-    return Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device).fit()
+    trainer = Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device)
+    try:
+        return trainer.fit()
+    finally:
+        close_data_parallel(trainer.module)  # the DP hook's worker, before the groups go
 
 
 def free_port() -> int:

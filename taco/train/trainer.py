@@ -96,7 +96,8 @@ class Trainer:
             "dp": build_axis_policy(cfg, "dp"),
         }
         self.model = apply_tensor_parallel(
-            build_model(cfg, vocab), None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg)
+            build_model(cfg, vocab), None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg),
+            overlap_wgrad=p.overlap_tp_wgrad,
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
@@ -104,7 +105,8 @@ class Trainer:
         self.dp_group = dims.group("dp")
         c = cfg.compression
         self.module = wrap_data_parallel(
-            self.stage, self.dp_group, c.dp_codec, c.dp_codec_options, policy=self.policies["dp"]
+            self.stage, self.dp_group, c.dp_codec, c.dp_codec_options, policy=self.policies["dp"],
+            overlap=p.overlap_dp,
         )
         self.plain_dp_bytes = 0 if c.dp_codec != "none" else plain_allreduce_bytes(self.stage, self.dp_group)
         self.autocast = t.dtype.value == "bf16"
@@ -114,6 +116,7 @@ class Trainer:
             module=self.module,
             policy=self.policies["pp"],
             schedule=p.pp_schedule.value,
+            overlap_p2p=p.overlap_p2p,
             act_dtype=train_dtype(cfg),
             autocast=self.autocast,
             device=self.device,

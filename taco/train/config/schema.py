@@ -211,6 +211,15 @@ class ParallelConfig(_Section):
     pp_schedule: PPSchedule = field(default=PPSchedule.ONE_F_ONE_B, metadata={"doc": (
         'Pipeline schedule: "1f1b" (one-forward-one-backward, bounded activation memory) or "gpipe" '
         "(all forwards then all backwards; the reference).")})
+    overlap_dp: bool = field(default=True, metadata={"doc": (
+        "Reduce compressed DP gradient buckets on a worker thread while backward continues (the DDP "
+        "hook returns a pending future); off: inside the hook. Results are identical.")})
+    overlap_tp_wgrad: bool = field(default=True, metadata={"doc": (
+        "Without SP: compute the column-parallel weight gradients while the input-gradient "
+        "all-reduce is in flight (Megatron's overlap); off: after it. Results are identical.")})
+    overlap_p2p: bool = field(default=True, metadata={"doc": (
+        "Post each 1F1B send/receive pair with the same neighbour together (non-blocking, then "
+        "waited) instead of one blocking transfer after the other; results are identical.")})
     tp_comm_dtype: CommDtype = field(default=CommDtype.AUTO, metadata={"doc": (
         'Dtype of the tensor-parallel collectives\' inputs (before any codec): "auto" = train.dtype '
         "(bf16 training communicates bf16, as Megatron does; under bf16 autocast the backward gradients "
