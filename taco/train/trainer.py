@@ -33,6 +33,7 @@ from taco.parallel import (
     apply_tensor_parallel,
     build_optimizer,
     embedding_group,
+    fully_sharded,
     sync_tied_grads,
     sync_tp_partial_grads,
     vocab_parallel_cross_entropy,
@@ -48,12 +49,14 @@ from taco.train.build import (
     lr_at,
     model_vocab,
     sent_bytes,
+    shard_data_parallel,
     tp_comm_dtype,
     train_dtype,
 )
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import TokenDataset
+from taco.train.errors import CheckpointError
 from taco.train.metrics import MetricsLogger, capture_fn
 
 
@@ -103,10 +106,15 @@ class Trainer:
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
         c = cfg.compression
-        self.module = wrap_data_parallel(
-            self.stage, self.dp_group, c.dp_codec, c.dp_codec_options, policy=self.policies["dp"]
-        )
-        self.plain_dp_bytes = 0 if c.dp_codec != "none" else plain_allreduce_bytes(self.stage, self.dp_group)
+        self.sharded = p.dp_shard and self.dp_group is not None  # FSDP2 (taco.parallel.fully_sharded)
+        if self.sharded:
+            self.module = shard_data_parallel(cfg, dims, self.stage, self.policies["dp"])
+        else:
+            self.module = wrap_data_parallel(
+                self.stage, self.dp_group, c.dp_codec, c.dp_codec_options, policy=self.policies["dp"]
+            )
+        plain = c.dp_codec == "none" and not self.sharded  # DDP's own all-reduce: counted here
+        self.plain_dp_bytes = plain_allreduce_bytes(self.stage, self.dp_group) if plain else 0
         self.autocast = t.dtype.value == "bf16"
         self.engine = PipelineEngine(
             self.stage,
@@ -206,7 +214,7 @@ class Trainer:
         for p in params:
             if is_pp_copy(p):
                 continue
-            sq = p.grad.double().square().sum()
+            sq = fully_sharded.local_tensor(p.grad).double().square().sum()
             if is_tp_sharded(p):
                 sharded += sq
             else:
@@ -214,6 +222,8 @@ class Trainer:
         if self.tp_group is not None:
             dist.all_reduce(sharded, group=self.tp_group)
         total = sharded + replicated
+        if self.sharded:  # each DP rank holds 1/dp of every gradient
+            dist.all_reduce(total, group=self.dp_group)
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.dims.group("pp"))
         norm = total.sqrt()
@@ -221,7 +231,7 @@ class Trainer:
             scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for p in params:
-                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+                by_dtype.setdefault(p.grad.dtype, []).append(fully_sharded.local_tensor(p.grad))
             for dtype, grads in by_dtype.items():
                 torch._foreach_mul_(grads, scale.to(dtype))
         return norm
@@ -241,16 +251,22 @@ class Trainer:
                 losses.append(self.engine.eval_step(x, y, mb, self._loss_fn))
         finally:
             ctx.policy = saved
+            if self.sharded:  # the next step gathers the weights it updates
+                fully_sharded.reshard(self.stage)
         return self._dp_mean(torch.stack(losses).mean()).item()
 
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {
+        st = {
             "model": self.model.state_dict(),  # this rank's stage and TP shard
             "opt": optimizer_state(self.opt),
             "step": self.step,
             "mesh": self.mesh,
+            "dp_shard": self.sharded,
         }
+        if self.sharded:  # local DP shards of both, and the weight-difference references
+            st.update(fully_sharded.checkpoint_state(self.stage, self.model, st["opt"]))
+        return st
 
     def save(self) -> Path:
         return save_checkpoint(self.out_dir, self.step, dist.get_rank(), self.state())
@@ -260,8 +276,13 @@ class Trainer:
         if d is None:
             return
         st = load_checkpoint(d, dist.get_rank(), self.mesh)
-        self.model.load_state_dict(st["model"])
-        load_optimizer_state(self.opt, st["opt"])
+        if st.get("dp_shard", False) != self.sharded:
+            raise CheckpointError(f"{d}: parallel.dp_shard differs from the run that wrote it; use the same")
+        if self.sharded:
+            fully_sharded.load_checkpoint_state(self.stage, self.model, self.opt, st)
+        else:
+            self.model.load_state_dict(st["model"])
+            load_optimizer_state(self.opt, st["opt"])
         self.step = st["step"]
         if self.log:
             print(f"resumed from {d} at step {self.step}", flush=True)
