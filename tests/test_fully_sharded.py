@@ -118,7 +118,7 @@ def _group_shard_numels(stage: nn.Module, blocks: list[nn.Module], n: int) -> li
 
 def _bytes_and_reference(rank: int, world: int, steps: int, per_node: int) -> dict:
     dims = ParallelDims(dp=world, pp=1, tp=1).build()
-    codecs = {"w": "int8-hadamard", "g": "int4-hadamard", "gi": "int8-hadamard", "per_node": per_node}
+    codecs = {"w": "int4-hadamard", "g": "int4-hadamard", "gi": "int8-hadamard", "per_node": per_node}
     s = _setup(dims, "qwen", True, codecs)
     stage, model = s["stage"], s["model"]
     blocks = [model.layers[i] for i in stage.layers]
@@ -160,17 +160,17 @@ def test_weight_reference_is_identical_on_every_rank_and_bytes_are_exact():
     world, steps = 2, 30
     res = run_distributed(_bytes_and_reference, world, steps, 0, timeout=240)
     for r in res:
-        assert r["rel_err"] < 2e-3, r["rel_err"]  # error feedback: no accumulation over 30 steps
+        assert r["rel_err"] < 5e-3, r["rel_err"]  # one int4 error of the last difference (measured 2.5e-3)
         sizes = r["sizes"]
         w_raw = sum((world - 1) * m * 4 for m in sizes)
         first, last = r["per_step"][0], r["per_step"][-1]
         assert first["dp.weight"] == (w_raw, w_raw)  # the first gather is exact (plain)
-        w_wire = sum(_expected("int8-hadamard", m, world) for m in sizes)
+        w_wire = sum(_expected("int4-hadamard", m, world) for m in sizes)
         assert last["dp.weight"] == (w_wire, w_raw)
         g_raw = sum((world - 1) * (world * m * 4) // world for m in sizes)
         g_wire = sum(_expected("int4-hadamard", m, world) for m in sizes)
         assert first["dp.grad"] == last["dp.grad"] == (g_wire, g_raw)
-        assert w_raw / w_wire > 3.5 * 2 and g_raw / g_wire > 3.5 * 2  # fp32 raw: >= 3.5x vs bf16
+        assert w_raw / 2 / w_wire > 3.5 and g_raw / 2 / g_wire > 3.5  # >= 3.5x fewer than bf16 (raw: fp32)
 
 
 @pytest.mark.slow  # 4 ranks, 3 steps
@@ -181,7 +181,7 @@ def test_two_shot_reduce_scatter_bytes_per_level():
         intra = sum(_expected("int8-hadamard", 2 * m, 2) for m in sizes)  # 2 nodes x 2 ranks
         inter = sum(_expected("int4-hadamard", m, 2) for m in sizes)
         assert last["dp.grad.intra"][0] == intra and last["dp.grad.inter"][0] == inter
-        assert r["rel_err"] < 2e-3
+        assert r["rel_err"] < 5e-3
 
 
 # -- the trainer ----------------------------------------------------------------------------------
