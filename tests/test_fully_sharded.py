@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -91,9 +90,11 @@ def _parity_with_ddp(rank: int, world: int) -> dict:
         assert_equal(fs.local_tensor(p.data), want[name].data.chunk(dims.dp, 0)[dims.dp_rank], name)
         n += 1
     st = shd["pol"].stats
-    return {"checked": n, "sites": sorted(st.sites), "wire": st.total().wire_bytes, "raw": st.total().raw_bytes}
+    tot = st.total()
+    return {"checked": n, "sites": sorted(st.sites), "wire": tot.wire_bytes, "raw": tot.raw_bytes}
 
 
+@pytest.mark.slow  # 4 gloo ranks: ~35 s on the shared 2-core box
 def test_fsdp_with_tp_matches_ddp_for_one_step():
     res = run_distributed(_parity_with_ddp, 4)
     for r in res:
@@ -187,6 +188,7 @@ def test_two_shot_reduce_scatter_bytes_per_level():
 # -- the trainer ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2 runs of 2 ranks: ~45 s
 def test_trainer_sharded_dp_matches_ddp_and_exports(corpus, tmp_path):
     from taco.train.export import load_run_model
 

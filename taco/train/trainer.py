@@ -287,6 +287,10 @@ class Trainer:
         if self.log:
             print(f"resumed from {d} at step {self.step}", flush=True)
 
+    def _dp_codecs(self) -> str:
+        c = self.cfg.compression
+        return f"fsdp(weight={c.dp_weight_codec},grad={c.dp_grad_codec})" if self.sharded else c.dp_codec
+
     # -- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         """Train to `train.steps` (resuming first if `train.resume` says so); returns the summary.
@@ -308,7 +312,7 @@ class Trainer:
             print(
                 f"[taco] {cfg.model.kind} {self.dims} world={dist.get_world_size()} device={self.device} "
                 f"params/rank={n / 1e6:.2f}M microbatches={p.microbatches} schedule={p.pp_schedule} "
-                f"codecs: tp={c.tp_codec} pp={c.pp_codec} dp={c.dp_codec} out={self.out_dir}",
+                f"codecs: tp={c.tp_codec} pp={c.pp_codec} dp={self._dp_codecs()} out={self.out_dir}",
                 flush=True,
             )
         tokens_per_step = t.batch_size * cfg.model.seq_len
@@ -354,7 +358,7 @@ class Trainer:
             "pp_schedule": str(p.pp_schedule),
             "tp_codec": c.tp_codec,
             "pp_codec": c.pp_codec,
-            "dp_codec": c.dp_codec,
+            "dp_codec": self._dp_codecs(),
         }
         if self.log:
             stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)
