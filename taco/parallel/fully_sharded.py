@@ -37,7 +37,8 @@ see the same weights). Checkpoints hold local shards (`checkpoint_state` / `load
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -75,6 +76,8 @@ class DiffAllGather(_Alloc, AllGather):
         self.codec, self.policy, self.site = codec, policy, site
         self.ref: torch.Tensor | None = None
         """fp32 [N*m]: the reference of every rank's slot, the same on every rank (None: not yet sent)"""
+        self.exact = False
+        """True: plain gathers that leave the reference alone (evaluation, see `exact_gathers`)"""
 
     def __call__(
         self,
@@ -84,9 +87,10 @@ class DiffAllGather(_Alloc, AllGather):
         async_op: bool = False,
     ) -> None:
         # input_tensor is this rank's slot of output_tensor: read it before writing the output.
-        if self.codec is None or self.ref is None or self.ref.numel() != output_tensor.numel():
+        plain = self.codec is None or self.exact
+        if plain or self.ref is None or self.ref.numel() != output_tensor.numel():
             y = comm.all_gather(input_tensor, group, codec=None, site=self.site, policy=self.policy)
-            if self.codec is not None:
+            if not plain:
                 self.ref = y.float()  # exact weights: the first reference
             output_tensor.copy_(y)
             return None
@@ -214,10 +218,21 @@ def set_gradient_sync(root: nn.Module, last: bool) -> None:
     root.set_reshard_after_backward(last)
 
 
-def reshard(root: nn.Module) -> None:
-    """Free every gathered weight (after an evaluation: the next step gathers the updated ones)."""
-    for _, m in _fsdp_modules(root):
-        m.reshard()
+@contextlib.contextmanager
+def exact_gathers(root: nn.Module) -> Iterator[None]:
+    """Evaluation: plain weight gathers that leave the references as training left them (so a run
+    that evaluates at a step and one that does not continue identically), then every gathered
+    weight freed (the next training step gathers, through the codec, the weights it updates)."""
+    comms = [c for _, m in _fsdp_modules(root) if (c := _all_gather_comm(m)) is not None]
+    for c in comms:
+        c.exact = True
+    try:
+        yield
+    finally:
+        for c in comms:
+            c.exact = False
+        for _, m in _fsdp_modules(root):
+            m.reshard()
 
 
 def _all_gather_comm(m: FSDPModule) -> DiffAllGather | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,15 +245,15 @@ class Trainer:
         ctx = tp_context(self.model)
         saved, ctx.policy = ctx.policy, None
         mb = self.cfg.parallel.microbatches
+        exact = fully_sharded.exact_gathers(self.stage) if self.sharded else nullcontext()  # FSDP weights
         try:
             losses = []
-            for i in range(self.cfg.train.eval_steps):
-                x, y = self._batch(self.val_ds, i)
-                losses.append(self.engine.eval_step(x, y, mb, self._loss_fn))
+            with exact:
+                for i in range(self.cfg.train.eval_steps):
+                    x, y = self._batch(self.val_ds, i)
+                    losses.append(self.engine.eval_step(x, y, mb, self._loss_fn))
         finally:
             ctx.policy = saved
-            if self.sharded:  # the next step gathers the weights it updates
-                fully_sharded.reshard(self.stage)
         return self._dp_mean(torch.stack(losses).mean()).item()
 
     # -- checkpoints --------------------------------------------------------------------------
