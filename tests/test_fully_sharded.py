@@ -215,3 +215,19 @@ def test_trainer_3d_sharded_compressed_resumes_exactly(corpus, tmp_path):
 
     out = export_run(tmp_path / "full", tmp_path / "hf")
     assert out["step"] == 4 and (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_config_keeps_sharded_dp_apart_from_ddp_options():
+    from taco.train.config import load_config
+
+    cfg = load_config(None, ["--parallel.dp=4", "--parallel.dp_shard=true", "--parallel.dp_ranks_per_node=2"])
+    c = cfg.compression
+    assert cfg.parallel.dp_shard and c.dp_weight_codec == c.dp_grad_codec == "none"
+    assert not load_config(None, []).parallel.dp_shard  # DDP stays the default
+    for bad, words in [
+        (["--parallel.zero=true"], "parallel.zero"),
+        (["--compression.dp_codec=int8-hadamard"], "dp_grad_codec"),
+        (["--parallel.dp_ranks_per_node=3"], "dp_ranks_per_node"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            load_config(None, ["--parallel.dp=4", "--parallel.dp_shard=true", *bad])
