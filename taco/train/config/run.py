@@ -61,7 +61,7 @@ class Config:
         if p.dp_shard and self.compression.dp_codec != "none":
             raise ValueError(
                 "compression.dp_codec compresses DDP's all-reduce; with parallel.dp_shard = true use "
-                "compression.dp_weight_codec / dp_grad_codec and set compression.dp_codec = \"none\""
+                'compression.dp_weight_codec / dp_grad_codec and set compression.dp_codec = "none"'
             )
         from taco.models.plans import check_tp_divisible
 
