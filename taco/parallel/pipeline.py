@@ -37,6 +37,7 @@ from taco import comm
 from taco.codec import Codec
 
 from .dims import ParallelDims
+from .fully_sharded import is_fully_sharded, local_tensor, set_gradient_sync
 from .tags import mark_pp_copy, tp_context
 
 Action = tuple[str, int]
@@ -146,7 +147,7 @@ def sync_tied_grads(stage: PipelineStage, group: dist.ProcessGroup | None) -> No
         return
     if w.grad is None:
         w.grad = torch.zeros_like(w)
-    dist.all_reduce(w.grad, group=group)
+    dist.all_reduce(local_tensor(w.grad), group=group)  # FSDP: both copies hold the same DP shard
 
 
 # -- schedules ----------------------------------------------------------------------------------
@@ -308,6 +309,7 @@ class PipelineEngine:
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         is_ddp = isinstance(self.module, nn.parallel.DistributedDataParallel)
         ddp = self.module if train and is_ddp else None
+        fsdp = train and is_fully_sharded(self.module)  # gathers once, reduce-scatters at the end
         module = self.module if train else self.stage
         last_bwd = n_micro - 1
         def send_tensor(kind: str, k: int) -> torch.Tensor:
@@ -357,6 +359,8 @@ class PipelineEngine:
             elif kind == "bwd":
                 if ddp is not None and k == last_bwd:  # the step's last backward reduces over DP
                     ddp.reducer.prepare_for_backward([outputs[k]])
+                if fsdp:
+                    set_gradient_sync(self.module, k == last_bwd)
                 _backward(outputs.pop(k), grads.pop(k, None))
         if self.group is not None:  # the loss lives on the last stage; share it with the others
             dist.all_reduce(total, group=self.group)

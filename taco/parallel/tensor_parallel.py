@@ -23,6 +23,7 @@ from torch import nn
 
 from .column_block import ColumnBlock
 from .dims import ParallelDims
+from .fully_sharded import local_tensor
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .mappings import TPContext, scatter_to_sequence_parallel_region
 from .tags import is_tp_partial, mark_tp_partial, set_tp_context, tp_context
@@ -123,7 +124,7 @@ def sync_tp_partial_grads(model: nn.Module) -> None:
     ctx: TPContext | None = tp_context(model)
     if ctx is None or ctx.size == 1:
         return
-    grads = [p.grad for p in tp_partial_params(model) if p.grad is not None]
+    grads = [local_tensor(p.grad) for p in tp_partial_params(model) if p.grad is not None]  # FSDP: shards
     if not grads:
         return
     flat = torch.cat([g.reshape(-1).float() for g in grads])

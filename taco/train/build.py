@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from taco.comm import CommPolicy
+from taco.parallel.dims import ParallelDims
 from taco.train.config import Config
 
 VOCAB_MULTIPLE = 128
@@ -127,3 +128,28 @@ def lr_at(step: int, cfg: Config) -> float:
 def train_dtype(cfg: Config) -> torch.dtype:
     """The compute dtype of `train.dtype`; pipeline activations and their gradients travel in it."""
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.dtype.value]
+
+
+def shard_data_parallel(cfg: Config, dims: ParallelDims, stage: nn.Module, policy: CommPolicy) -> nn.Module:
+    """`parallel.dp_shard`: FSDP2 over the DP group (`taco.parallel.fully_sharded`), each of the
+    stage's transformer blocks its own parameter group. Mixed precision from `train.dtype`: bf16
+    gathers bf16 weights and reduces fp32 gradients (the fp32 shards stay the optimizer's); fp32
+    changes nothing. Codecs: `compression.dp_weight_codec` / `dp_grad_codec` (/ `dp_grad_intra_codec`
+    within a node of `parallel.dp_ranks_per_node` ranks). Collective: every rank calls it."""
+    from taco.parallel.fully_sharded import dp_node_groups, fully_shard_stage
+
+    c, p = cfg.compression, cfg.parallel
+    bf16 = cfg.train.dtype.value == "bf16"
+    layers = stage.model.layers
+    return fully_shard_stage(
+        stage,
+        [layers[i] for i in stage.layers],
+        dims.group("dp"),
+        weight_codec=c.dp_weight_codec,
+        grad_codec=c.dp_grad_codec,
+        grad_intra_codec=c.dp_grad_intra_codec or None,
+        node_groups=dp_node_groups(dims, p.dp_ranks_per_node),
+        policy=policy,
+        param_dtype=torch.bfloat16 if bf16 else None,
+        reduce_dtype=torch.float32 if bf16 else None,
+    )

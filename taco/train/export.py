@@ -5,7 +5,8 @@ rank's pipeline stage and tensor-parallel shard); other tools read one full mode
 rebuilds the full model of the run folder's `config.toml` (the sizes that ran), merges the shards
 of one step by the model's tensor-parallel plan (vocab-parallel and column-parallel weights
 concatenated along their output rows, row-parallel weights along their input columns, replicated
-tensors taken from TP rank 0; pipeline stages each contribute their layers; DP rank 0), strips a
+tensors taken from TP rank 0; pipeline stages each contribute their layers; DP rank 0, or with
+`parallel.dp_shard` every DP rank's dim-0 chunk joined in DP-rank order), strips a
 vocabulary padded for tensor parallelism back to the checkpoint's own size, and writes
 `config.json`, `model.safetensors` and the tokenizer (`tokenizer.json`, plus the
 `tokenizer_config.json` / `special_tokens_map.json` of a fine-tuned checkpoint's tokenizer). The
@@ -61,6 +62,19 @@ def _merge(key: str, style: str, parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0]
 
 
+def _dp_joined(step_dir: Path, dims: Any, mesh: dict[str, int], p: int, t: int) -> dict[str, torch.Tensor]:
+    """The model state of stage p, TP rank t: DP rank 0's, its DP-sharded tensors (a
+    `parallel.dp_shard` run, FSDP2: dim-0 chunks in DP-rank order) joined from every DP rank."""
+    from taco.train.checkpoint import load_checkpoint
+
+    first = load_checkpoint(step_dir, dims.rank_of(0, p, t), mesh)
+    keys = first.get("dp_sharded_keys") or []
+    if not keys:
+        return first["model"]
+    rest = [load_checkpoint(step_dir, dims.rank_of(d, p, t), mesh)["model"] for d in range(1, dims.dp)]
+    return {**first["model"], **{k: torch.cat([first["model"][k], *(r[k] for r in rest)]) for k in keys}}
+
+
 def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Module, int, Config]:
     """(full model of a run with every padded row, the vocabulary to export, the run's config)
     from the checkpoint of `step` (None = the latest) in the run folder `run_dir`."""
@@ -68,7 +82,6 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Mod
     from taco.models.plans import resolve_plan
     from taco.models.presets import SIZE_KEYS
     from taco.parallel.dims import ParallelDims
-    from taco.train.checkpoint import load_checkpoint
 
     run_dir = Path(run_dir).expanduser()
     if not (run_dir / "config.toml").is_file():
@@ -78,10 +91,8 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Mod
     meta = json.loads((step_dir / "meta.json").read_text())
     mesh = meta["mesh"]
     dims = ParallelDims(dp=mesh["dp"], pp=mesh["pp"], tp=mesh["tp"])
-    shards = {  # (pp rank, tp rank) -> that rank's model state (DP rank 0)
-        (p, t): load_checkpoint(step_dir, dims.rank_of(0, p, t), mesh)["model"]
-        for p in range(dims.pp)
-        for t in range(dims.tp)
+    shards = {  # (pp rank, tp rank) -> that rank's model state (DP rank 0, or every DP shard joined)
+        (p, t): _dp_joined(step_dir, dims, mesh, p, t) for p in range(dims.pp) for t in range(dims.tp)
     }
     rows = shards[(0, 0)]["tok_emb.weight"].shape[0] * dims.tp  # the padded vocabulary that ran
     sizes = {k: getattr(cfg.model, k) for k in SIZE_KEYS}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from taco.parallel import (
     apply_tensor_parallel,
     build_optimizer,
     embedding_group,
+    fully_sharded,
     sync_tied_grads,
     sync_tp_partial_grads,
     vocab_parallel_cross_entropy,
@@ -48,12 +50,14 @@ from taco.train.build import (
     lr_at,
     model_vocab,
     sent_bytes,
+    shard_data_parallel,
     tp_comm_dtype,
     train_dtype,
 )
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import TokenDataset
+from taco.train.errors import CheckpointError
 from taco.train.metrics import MetricsLogger, capture_fn
 
 
@@ -104,11 +108,16 @@ class Trainer:
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
         c = cfg.compression
-        self.module = wrap_data_parallel(
-            self.stage, self.dp_group, c.dp_codec, c.dp_codec_options, policy=self.policies["dp"],
-            overlap=p.overlap_dp,
-        )
-        self.plain_dp_bytes = 0 if c.dp_codec != "none" else plain_allreduce_bytes(self.stage, self.dp_group)
+        self.sharded = p.dp_shard and self.dp_group is not None  # FSDP2 (taco.parallel.fully_sharded)
+        if self.sharded:
+            self.module = shard_data_parallel(cfg, dims, self.stage, self.policies["dp"])
+        else:
+            self.module = wrap_data_parallel(
+                self.stage, self.dp_group, c.dp_codec, c.dp_codec_options, policy=self.policies["dp"],
+                overlap=p.overlap_dp,
+            )
+        plain = c.dp_codec == "none" and not self.sharded  # DDP's own all-reduce: counted here
+        self.plain_dp_bytes = plain_allreduce_bytes(self.stage, self.dp_group) if plain else 0
         self.autocast = t.dtype.value == "bf16"
         self.engine = PipelineEngine(
             self.stage,
@@ -209,7 +218,7 @@ class Trainer:
         for p in params:
             if is_pp_copy(p):
                 continue
-            sq = p.grad.double().square().sum()
+            sq = fully_sharded.local_tensor(p.grad).double().square().sum()
             if is_tp_sharded(p):
                 sharded += sq
             else:
@@ -217,6 +226,8 @@ class Trainer:
         if self.tp_group is not None:
             dist.all_reduce(sharded, group=self.tp_group)
         total = sharded + replicated
+        if self.sharded:  # each DP rank holds 1/dp of every gradient
+            dist.all_reduce(total, group=self.dp_group)
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.dims.group("pp"))
         norm = total.sqrt()
@@ -224,7 +235,7 @@ class Trainer:
             scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for p in params:
-                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+                by_dtype.setdefault(p.grad.dtype, []).append(fully_sharded.local_tensor(p.grad))
             for dtype, grads in by_dtype.items():
                 torch._foreach_mul_(grads, scale.to(dtype))
         return norm
@@ -237,23 +248,29 @@ class Trainer:
         ctx = tp_context(self.model)
         saved, ctx.policy = ctx.policy, None
         mb = self.cfg.parallel.microbatches
+        exact = fully_sharded.exact_gathers(self.stage) if self.sharded else nullcontext()  # FSDP weights
         try:
             losses = []
-            for i in range(self.cfg.train.eval_steps):
-                x, y = self._batch(self.val_ds, i)
-                losses.append(self.engine.eval_step(x, y, mb, self._loss_fn))
+            with exact:
+                for i in range(self.cfg.train.eval_steps):
+                    x, y = self._batch(self.val_ds, i)
+                    losses.append(self.engine.eval_step(x, y, mb, self._loss_fn))
         finally:
             ctx.policy = saved
         return self._dp_mean(torch.stack(losses).mean()).item()
 
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {
+        st = {
             "model": self.model.state_dict(),  # this rank's stage and TP shard
             "opt": optimizer_state(self.opt),
             "step": self.step,
             "mesh": self.mesh,
+            "dp_shard": self.sharded,
         }
+        if self.sharded:  # local DP shards of both, and the weight-difference references
+            st.update(fully_sharded.checkpoint_state(self.stage, self.model, st["opt"]))
+        return st
 
     def save(self) -> Path:
         return save_checkpoint(self.out_dir, self.step, dist.get_rank(), self.state())
@@ -263,11 +280,20 @@ class Trainer:
         if d is None:
             return
         st = load_checkpoint(d, dist.get_rank(), self.mesh)
-        self.model.load_state_dict(st["model"])
-        load_optimizer_state(self.opt, st["opt"])
+        if st.get("dp_shard", False) != self.sharded:
+            raise CheckpointError(f"{d}: parallel.dp_shard differs from the run that wrote it; use the same")
+        if self.sharded:
+            fully_sharded.load_checkpoint_state(self.stage, self.model, self.opt, st)
+        else:
+            self.model.load_state_dict(st["model"])
+            load_optimizer_state(self.opt, st["opt"])
         self.step = st["step"]
         if self.log:
             print(f"resumed from {d} at step {self.step}", flush=True)
+
+    def _dp_codecs(self) -> str:
+        c = self.cfg.compression
+        return f"fsdp(weight={c.dp_weight_codec},grad={c.dp_grad_codec})" if self.sharded else c.dp_codec
 
     # -- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -290,7 +316,7 @@ class Trainer:
             print(
                 f"[taco] {cfg.model.kind} {self.dims} world={dist.get_world_size()} device={self.device} "
                 f"params/rank={n / 1e6:.2f}M microbatches={p.microbatches} schedule={p.pp_schedule} "
-                f"codecs: tp={c.tp_codec} pp={c.pp_codec} dp={c.dp_codec} out={self.out_dir}",
+                f"codecs: tp={c.tp_codec} pp={c.pp_codec} dp={self._dp_codecs()} out={self.out_dir}",
                 flush=True,
             )
         tokens_per_step = t.batch_size * cfg.model.seq_len
@@ -336,7 +362,7 @@ class Trainer:
             "pp_schedule": str(p.pp_schedule),
             "tp_codec": c.tp_codec,
             "pp_codec": c.pp_codec,
-            "dp_codec": c.dp_codec,
+            "dp_codec": self._dp_codecs(),
         }
         if self.log:
             stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)

@@ -58,6 +58,11 @@ class Config:
                 f"train.batch_size = {t.batch_size} must be divisible by parallel.dp * "
                 f"parallel.microbatches = {p.dp * p.microbatches}"
             )
+        if p.dp_shard and self.compression.dp_codec != "none":
+            raise ValueError(
+                "compression.dp_codec compresses DDP's all-reduce; with parallel.dp_shard = true use "
+                'compression.dp_weight_codec / dp_grad_codec and set compression.dp_codec = "none"'
+            )
         from taco.models.plans import check_tp_divisible
 
         split = {"model.n_head": m.n_head, "model.n_kv_head": m.kv_heads, "model.intermediate": m.ffn_size}

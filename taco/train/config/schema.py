@@ -208,6 +208,16 @@ class ParallelConfig(_Section):
     zero: bool = field(default=False, metadata={"doc": (
         "Shard the optimizer state over the data-parallel group (ZeRO-1, torch's "
         "ZeroRedundancyOptimizer); only meaningful with dp > 1.")})
+    dp_shard: bool = field(default=False, metadata={"doc": (
+        "Sharded data parallelism: run the DP axis on FSDP2 (torch fully_shard over the DP group) "
+        "instead of DDP, so each rank keeps 1/dp of its TP shard of weights, gradients and optimizer "
+        "state; weights are all-gathered through compression.dp_weight_codec (as differences against "
+        "a reference every rank holds identically) and gradients reduce-scattered through "
+        "compression.dp_grad_codec (docs/design.md 1.5). Excludes parallel.zero and compression.dp_codec.")})
+    dp_ranks_per_node: int = field(default=0, metadata={"doc": (
+        "With dp_shard: DP ranks per node (consecutive DP ranks share a node). 1 < k < dp makes the "
+        "gradient reduce-scatter two-shot: compression.dp_grad_intra_codec inside a node, then "
+        "compression.dp_grad_codec across nodes (SDP4Bit, arXiv 2410.15526). 0 = one level.")})
     pp_schedule: PPSchedule = field(default=PPSchedule.ONE_F_ONE_B, metadata={"doc": (
         'Pipeline schedule: "1f1b" (one-forward-one-backward, bounded activation memory) or "gpipe" '
         "(all forwards then all backwards; the reference).")})
@@ -250,6 +260,11 @@ class ParallelConfig(_Section):
         for name in ("dp", "pp", "tp", "microbatches"):
             if getattr(self, name) < 1:
                 self._fail(name, "must be >= 1")
+        if self.dp_shard and self.zero:
+            self._fail("zero", "and parallel.dp_shard both shard the optimizer state: keep one")
+        k = self.dp_ranks_per_node
+        if k < 0 or (k > 0 and self.dp % k):
+            self._fail("dp_ranks_per_node", f"must be 0 or divide parallel.dp = {self.dp}")
         if not self.timeout_s > 0:
             self._fail("timeout_s", "must be > 0 (seconds)")
 
@@ -278,6 +293,14 @@ class CompressionConfig(_Section):
         "doc": "Codec of the data-parallel gradient all-reduce (a DDP communication hook)."})
     dp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={
         "doc": "Keyword options of the DP codec (inline table)."})
+    dp_weight_codec: str = field(default="none", metadata={"doc": (
+        "With parallel.dp_shard: codec of the FSDP weight all-gather; weights travel as differences "
+        'against a shared reference (e.g. "int8-hadamard"; a spec string carries options).')})
+    dp_grad_codec: str = field(default="none", metadata={"doc": (
+        "With parallel.dp_shard: codec of the FSDP gradient reduce-scatter (across nodes when "
+        'parallel.dp_ranks_per_node splits the DP group), e.g. "int4-hadamard".')})
+    dp_grad_intra_codec: str = field(default="", metadata={"doc": (
+        'With parallel.dp_ranks_per_node: codec of the intra-node reduce-scatter ("" = dp_grad_codec).')})
     slices: int = field(default=1, metadata={"doc": (
         "Cut each compressed all-reduce into at most this many slices, each of at least "
         "min_slice_bytes, so that encoding, transfer and decoding overlap (1 = no overlap).")})
@@ -287,7 +310,7 @@ class CompressionConfig(_Section):
         "outweighs the overlap (docs/design.md 1.3).")})
 
     def _check(self) -> None:
-        for name in ("tp_codec", "pp_codec", "dp_codec"):
+        for name in ("tp_codec", "pp_codec", "dp_codec", "dp_weight_codec", "dp_grad_codec"):
             if not getattr(self, name).strip():
                 self._fail(name, 'must be a codec name, or "none" for the plain collective')
         for name in ("tp_codec_options", "pp_codec_options", "dp_codec_options"):
