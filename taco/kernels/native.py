@@ -191,6 +191,8 @@ class NativeBackend(KernelBackend):
     def supports(self, codec, device: torch.device) -> bool:
         fam, g = getattr(codec, "family", None), getattr(codec, "group_size", 0)
         ok = device.type == "cpu" and fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
+        # the C kernels implement 8-bit codes, int4 nibbles and fp32 scales: the rest runs eager
+        ok = ok and getattr(codec, "bits", 8) in (4, 8) and getattr(codec, "scale_fmt", "fp32") == "fp32"
         return ok and library() is not None
 
     def encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
