@@ -90,3 +90,25 @@ def test_max_group_rel_err():
     y[1] *= 1.5
     assert bench.max_group_rel_err(x, y, 128) == pytest.approx(0.5)
     assert bench.max_group_rel_err(torch.zeros(128), torch.full((128,), 1e-9), 128) == float("inf")
+
+
+def test_fidelity_table_bytes_ratio_and_gap_to_taco(tmp_path, capsys):
+    """Issue 13: per codec label, bytes/elem, ratio vs bf16 = 2 / bytes, SQNR per family and its
+    gap to taco on the same tensor; --scale-fmts repeats the group codecs per scale format."""
+    res = run_json(
+        tmp_path, "--codecs", "taco,int6-hadamard,fp8-tensor", "--families", "gaussian,student-t3",
+        "--scale-fmts", "fp32,e8m0",
+    )  # fmt: skip
+    fid = {e["codec"]: e for e in res["fidelity"]}
+    assert list(fid) == ["taco", "taco/e8m0", "int6-hadamard", "int6-hadamard/e8m0", "fp8-tensor"]
+    assert fid["int6-hadamard"]["bytes_per_elem"] == 0.75 + 4 / 128
+    assert fid["int6-hadamard/e8m0"]["bytes_per_elem"] == 0.75 + 1 / 128
+    assert fid["taco/e8m0"]["bytes_per_elem"] == 1 + 2 / 128
+    by = {(r["codec"], r["family"]): r["sqnr_db"] for r in res["rows"]}
+    for name, e in fid.items():
+        assert e["ratio_vs_bf16"] == 2 / e["bytes_per_elem"]
+        for fam in ("gaussian", "student-t3"):
+            assert e["sqnr_db"][fam] == by[(name, fam)]
+            assert e["gap_to_taco_db"][fam] == by[(name, fam)] - by[("taco", fam)]
+    assert fid["taco"]["gap_to_taco_db"] == {"gaussian": 0.0, "student-t3": 0.0}
+    assert "gap to taco" in capsys.readouterr().out

@@ -113,6 +113,14 @@ def test_fidelity_on_gaussian_4096x4096():
     assert res["int4-hadamard"][0] >= 18.0 and res["int4-hadamard"][1] <= 0.57
 
 
+def sqnr_floor(name: str, default: float) -> float:
+    """SQNR floor of a round trip on small Gaussian tensors: the measured 4M-element figure of the
+    narrow integer codecs (int6 31.6, int5 25.2, int3 11.3 dB) less ~7 dB of small-sample
+    spread; int2 (codes -1, 0, 1) rounds to a grid holding 0, so it never errs more than the value."""
+    floor = {"int6-hadamard": 24, "int5-hadamard": 18, "int3-hadamard": 5, "int2-hadamard": 0}
+    return min(default, floor.get(name, default))
+
+
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(0,), (1,), (3, 0, 2), (129,), (7, 33), (2, 3, 257)])
@@ -126,14 +134,14 @@ def test_any_shape_and_dtype_round_trips(name, dtype, shape):
     if name == "none":
         assert torch.equal(y.view(-1).view(torch.uint8), x.reshape(-1).view(torch.uint8))
     elif x.numel() > 1:
-        assert sqnr_db(x.float(), y.float()) > (12 if name == "int4-hadamard" else 25)
+        assert sqnr_db(x.float(), y.float()) > sqnr_floor(name, 12 if name == "int4-hadamard" else 25)
 
 
 def test_non_contiguous_input():
     x = torch.randn(64, 300).t()
     for name in ALL:
         y = taco.get_codec(name).roundtrip(x)
-        assert y.shape == x.shape and sqnr_db(x, y) > 15
+        assert y.shape == x.shape and sqnr_db(x, y) > sqnr_floor(name, 15)
 
 
 @pytest.mark.parametrize("name", LOSSY)

@@ -8,6 +8,9 @@ Families: synthetic (gaussian, student-t(3), channel outliers, tiny gradients wi
 sparse) and, with `--tensors DIR`, real captured tensors (.pt / .safetensors, one per file).
 `--range` adds the extreme-range table: the relative error of each codec on gaussian groups
 scaled from 1e-30 to 1e30, which documents the faithful `taco` preset's usable range.
+`--scale-fmts fp32,bf16,e8m0` repeats every group codec with each per-group scale format. After the
+main table comes the fidelity table (docs/design.md 1.2): per codec, bytes/elem, the wire ratio vs
+bf16 and, per family, SQNR and its gap to `taco` (fp32 scales) on the same tensor.
 
 Run: `taco bench codec --size 4194304 --backend all --json out.json` or `python -m taco.bench.codec`.
 """
@@ -27,6 +30,7 @@ import torch
 import taco
 from taco.codec import CODECS, sqnr_db
 from taco.codec.codecs import GroupCodec
+from taco.codec.scales import check_scale_fmt
 
 from . import bench_main, cli_entry
 
@@ -124,11 +128,16 @@ def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> fl
 
 
 # -- the benchmark --------------------------------------------------------------------------------
-def make_codec(name: str, group_size: int, backend: str) -> taco.Codec:
+def make_codec(name: str, group_size: int, backend: str, scale_fmt: str = "fp32") -> taco.Codec:
     cls = CODECS[name]
     if issubclass(cls, GroupCodec):
-        return taco.get_codec(name, group_size=group_size, backend=backend)
+        return taco.get_codec(name, group_size=group_size, backend=backend, scale_fmt=scale_fmt)
     return taco.get_codec(name)
+
+
+def label(name: str, scale_fmt: str) -> str:
+    """A codec's row label: its name, with "/bf16" or "/e8m0" for a lean scale format."""
+    return name if scale_fmt == "fp32" else f"{name}/{scale_fmt}"
 
 
 def backends_for(name: str, choice: str, device: torch.device) -> list[str]:
@@ -152,8 +161,10 @@ def measure(codec: taco.Codec, x: torch.Tensor, repeat: int, group_size: int, co
     t_enc = best_time(lambda: codec.encode(x), repeat, x.device)
     t_dec = best_time(lambda: codec.decode(packed), repeat, x.device)
     g = getattr(codec, "group_size", group_size)
+    sf = getattr(codec, "scale_fmt", "fp32")
     return {
-        "codec": codec.name,
+        "codec": label(codec.name, sf),
+        "scale_fmt": sf,
         "spec": codec.spec,
         "bytes_per_elem": packed.nbytes / n,
         "nbytes": packed.nbytes,
@@ -193,6 +204,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in codecs:
         if name not in CODECS:
             raise ValueError(f"unknown codec {name!r}: choose from {taco.list_codecs()}")
+    sfmts = [check_scale_fmt(f) for f in (args.scale_fmts or "fp32").split(",")]
     gen = torch.Generator().manual_seed(args.seed)
     data = {
         f: synthetic(f, args.size, gen) for f in (args.families.split(",") if args.families else FAMILIES)
@@ -204,22 +216,39 @@ def run(args: argparse.Namespace) -> dict:
         x = t.to(device=device, dtype=dtype).contiguous()
         copy_s = best_time(lambda x=x: x.clone(), args.repeat, device)
         for name in codecs:
-            for b in backends_for(name, args.backend, device):
-                row = measure(
-                    make_codec(name, args.group_size, "auto" if b == "-" else b),
-                    x,
-                    args.repeat,
-                    args.group_size,
-                    copy_s,
-                )
-                rows.append({"family": fam, "backend": b, "dtype": args.dtype, "numel": x.numel(), **row})
+            grouped = issubclass(CODECS[name], GroupCodec)
+            for sf in sfmts if grouped else ["fp32"]:
+                for b in backends_for(name, args.backend, device):
+                    c = make_codec(name, args.group_size, "auto" if b == "-" else b, sf)
+                    row = measure(c, x, args.repeat, args.group_size, copy_s)
+                    rows.append({"family": fam, "backend": b, "dtype": args.dtype, "numel": x.numel(), **row})
     result = {
         "config": {k: v for k, v in vars(args).items() if k != "func"} | {"device": str(device)},
         "rows": rows,
+        "fidelity": fidelity_table(rows),
     }
     if args.range:
         result["range"] = range_table(codecs, args.group_size, device)
     return result
+
+
+def fidelity_table(rows: list[dict], reference: str = "taco") -> list[dict]:
+    """Per codec label (first backend measured): bytes/elem, wire ratio vs bf16 (2 / bytes), and per
+    family SQNR and its gap to `reference` on the same tensor (None where it was not measured)."""
+    first: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        first.setdefault((r["codec"], r["family"]), r)
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    out = []
+    for name in dict.fromkeys(r["codec"] for r in rows):
+        mine = [first[(name, f)] for f in families if (name, f) in first]
+        bpe = mine[0]["bytes_per_elem"]
+        sq = {f: first[(name, f)]["sqnr_db"] for f in families if (name, f) in first}
+        ref = {f: first[(reference, f)]["sqnr_db"] for f in sq if (reference, f) in first}
+        gap = {f: sq[f] - ref[f] for f in ref if math.isfinite(sq[f]) and math.isfinite(ref[f])}
+        out.append({"codec": name, "bytes_per_elem": bpe, "ratio_vs_bf16": 2 / bpe, "sqnr_db": sq,
+                    "gap_to_taco_db": gap})  # fmt: skip
+    return out
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -240,6 +269,15 @@ def print_tables(result: dict, file=None) -> None:
     ]  # fmt: skip
     table = [[h for h, _, _ in cols]] + [[_fmt(r[k], f) for _, k, f in cols] for r in result["rows"]]
     _print(table, file)
+    if result.get("fidelity"):
+        fams = list(dict.fromkeys(f for e in result["fidelity"] for f in e["sqnr_db"]))
+        print("\nfidelity: SQNR dB per family (gap to taco), bytes/elem, ratio vs bf16:", file=file)
+        table = [["codec", "bytes/elem", "x vs bf16", *fams]] + [
+            [e["codec"], _fmt(e["bytes_per_elem"], ".4f"), _fmt(e["ratio_vs_bf16"], ".2f")]
+            + [_sq_cell(e, f) for f in fams]
+            for e in result["fidelity"]
+        ]
+        _print(table, file)
     if "range" in result:
         scales = list(next(iter(result["range"].values()), {}))
         print("\nmax relative group error of gaussian groups scaled by:", file=file)
@@ -247,6 +285,13 @@ def print_tables(result: dict, file=None) -> None:
             [c, *(_fmt(e[s], ".2e") for s in scales)] for c, e in result["range"].items()
         ]
         _print(table, file)
+
+
+def _sq_cell(entry: dict, family: str) -> str:
+    if family not in entry["sqnr_db"]:
+        return "-"
+    gap = entry["gap_to_taco_db"].get(family)
+    return _fmt(entry["sqnr_db"][family], ".2f") + ("" if gap is None else f" ({gap:+.2f})")
 
 
 def _print(table: list[list[str]], file) -> None:
@@ -281,6 +326,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensors", default="", help="folder of captured .pt/.safetensors tensors, one per site")
     p.add_argument("--size", type=int, default=1 << 22, help="elements per synthetic tensor")
     p.add_argument("--group-size", type=int, default=128, help="G of the group codecs")
+    p.add_argument(
+        "--scale-fmts", default="fp32", help="comma-separated per-group scale formats: fp32, bf16, e8m0"
+    )
     p.add_argument(
         "--backend",
         default="auto",

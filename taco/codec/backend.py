@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from . import functional as Fn
 from .base import finite_clamp
-from .formats import pack_int4, unpack_int4
+from .formats import pack_bits, unpack_bits
+from .scales import to_bytes
 
 log = logging.getLogger("taco.codec")
 
@@ -97,17 +98,17 @@ class GroupFnBackend(KernelBackend):
         if ng * g != n:
             xf = F.pad(xf, (0, ng * g - n))
         q, *s = self.fns[codec.family][0](xf.view(ng, g), *codec._args(x.device))
-        if codec.bits == 4:
-            q = pack_int4(q)
-        p = ng * g * codec.bits // 8
+        if codec.bits < 8:
+            q = pack_bits(q, codec.bits)
+        p, sb = ng * g * codec.bits // 8, codec.scale_bytes * ng
         out[:p].view(ng, -1).copy_(q.view(torch.uint8).view(ng, -1))
         for i, si in enumerate(s):  # byte copies: correct whatever out's alignment
-            out[p + 4 * ng * i : p + 4 * ng * (i + 1)].copy_(si.reshape(-1).view(torch.uint8))
+            out[p + sb * i : p + sb * (i + 1)].copy_(to_bytes(si, codec.scale_fmt))
 
     def decode(self, codec, buf: torch.Tensor, y: torch.Tensor) -> None:
         payload, scales = codec._split(buf)
-        if codec.bits == 4:
-            payload = unpack_int4(payload)
+        if codec.bits < 8:
+            payload = unpack_bits(payload, codec.bits)
         elif codec.family == "int":
             payload = payload.view(torch.int8)
         v = self.fns[codec.family][1](payload, *scales, *codec._dargs(buf.device))

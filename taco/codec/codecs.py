@@ -9,11 +9,15 @@
 | taco          | docs/design.md 1.1: adaptive scale, Hadamard, dual scales | 1 + 8/G            |
 | taco-1s       | taco with one scale per group (s_a cancels)               | 1 + 4/G            |
 | int8-hadamard | Hadamard + int8, one scale per group                      | 1 + 4/G            |
+| intB-hadamard | Hadamard + B-bit ints, B = 2..7, bit-packed (int6: 4 codes in 3 bytes) | B/8 + 4/G |
 | int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
 
 Group codecs cut the flattened tensor into groups of G along `axis` (default: the last, i.e.
 contiguous memory); the tail is zero-padded on the wire. Wire layout of one chunk:
-`[payload: ng*G*bits/8][scale_0: fp32 x ng][scale_1: fp32 x ng]...`.
+`[payload: ng*G*bits/8][scale_0 x ng][scale_1 x ng]...`, each scale in the codec's `scale_fmt`
+(`taco.codec.scales`: fp32 by default, 4 bytes; bf16, 2; e8m0, 1), so e.g. int6-hadamard with
+e8m0 scales is 0.75 + 1/G bytes/elem. Integer codes of B < 8 bits are packed LSB first
+(`formats.pack_bits`; int4's nibble layout is that stream's B = 4 case).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import torch
 from . import backend as kb
 from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
-from .formats import fp8_format
+from .formats import fp8_format, int_qmax
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix
+from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
 class NoneCodec(Codec):
@@ -79,14 +84,19 @@ class GroupCodec(Codec):
     n_scales = 1
     rotate = False
 
-    def __init__(self, group_size: int = 128, axis: int = -1, backend: str = "auto") -> None:
+    def __init__(
+        self, group_size: int = 128, axis: int = -1, backend: str = "auto", scale_fmt: str = "fp32"
+    ) -> None:
         self.group_size = check_group_size(group_size, GROUP_SIZES)
+        self.scale_fmt = check_scale_fmt(scale_fmt)
+        self.scale_bytes = scale_bytes(scale_fmt)
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise TypeError(f"axis must be an int, got {type(axis).__name__}")
         self.axis = axis
         self.backend = kb.canonical(backend)
         self._kernels: dict[str, tuple[int, kb.KernelBackend]] = {}
-        self.spec = f"{self.name}({self._options()})"
+        lean = f",scale_fmt={self.scale_fmt}" if self.scale_fmt != "fp32" else ""
+        self.spec = f"{self.name}({self._options()}{lean})"
 
     def _options(self) -> str:
         s = f"group_size={self.group_size}"
@@ -98,7 +108,7 @@ class GroupCodec(Codec):
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.bfloat16) -> int:
         ng = self.groups(numel)
-        return ng * self.group_size * self.bits // 8 + 4 * self.n_scales * ng
+        return ng * (self.group_size * self.bits // 8 + self.scale_bytes * self.n_scales)
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         if self.axis != -1 and x.dim() >= 2 and self.axis % x.dim() != x.dim() - 1:
@@ -113,11 +123,13 @@ class GroupCodec(Codec):
         return y.view(shape)
 
     def _split(self, buf: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """uint8 buffer -> (payload [ng, G*bits/8], [scale [ng, 1] fp32 views])."""
-        ng = (buf.numel()) // (self.group_size * self.bits // 8 + 4 * self.n_scales)
+        """uint8 buffer -> (payload [ng, G*bits/8], [scale [ng, 1] fp32])."""
+        sb = self.scale_bytes
+        ng = (buf.numel()) // (self.group_size * self.bits // 8 + sb * self.n_scales)
         p = ng * self.group_size * self.bits // 8
         scales = [
-            f32_view(buf[p + 4 * ng * i : p + 4 * ng * (i + 1)]).view(ng, 1) for i in range(self.n_scales)
+            from_bytes(buf[p + sb * ng * i : p + sb * ng * (i + 1)], self.scale_fmt).view(ng, 1)
+            for i in range(self.n_scales)
         ]
         return buf[:p].view(ng, -1), scales
 
@@ -199,12 +211,13 @@ class TacoCodec(GroupCodec):
         target: float | None = None,
         axis: int = -1,
         backend: str = "auto",
+        scale_fmt: str = "fp32",
     ) -> None:
         self.fmt = fp8_format(fmt)
         self.lam = positive_finite(self.name, "lam", lam)
         target = self.fmt.fmax if target is None else target
         self.target = positive_finite(self.name, "target", target, upper=self.fmt.fmax)
-        super().__init__(group_size, axis, backend)
+        super().__init__(group_size, axis, backend, scale_fmt)
 
     def _options(self) -> str:
         extra = f",fmt={self.fmt.name}"
@@ -215,7 +228,7 @@ class TacoCodec(GroupCodec):
         return super()._options() + extra
 
     def _args(self, device: torch.device) -> tuple:
-        return (self._h(device), self.fmt.dtype, self.fmt.fmax, self.lam, self.target)
+        return (self._h(device), self.fmt.dtype, self.fmt.fmax, self.lam, self.target, self.scale_fmt)
 
     def _dargs(self, device: torch.device) -> tuple:
         return (self._h(device), self.fmt.dtype)
@@ -228,23 +241,31 @@ class FP8GroupCodec(GroupCodec):
     family = "fp8"
 
     def __init__(
-        self, group_size: int = 128, fmt: str = "e4m3", axis: int = -1, backend: str = "auto"
+        self,
+        group_size: int = 128,
+        fmt: str = "e4m3",
+        axis: int = -1,
+        backend: str = "auto",
+        scale_fmt: str = "fp32",
     ) -> None:
         self.fmt = fp8_format(fmt)
-        super().__init__(group_size, axis, backend)
+        super().__init__(group_size, axis, backend, scale_fmt)
 
     def _options(self) -> str:
         return super()._options() + f",fmt={self.fmt.name}"
 
     def _args(self, device: torch.device) -> tuple:
-        return (self._h(device), self.fmt.dtype, self.fmt.fmax)
+        return (self._h(device), self.fmt.dtype, self.fmt.fmax, self.scale_fmt)
 
     def _dargs(self, device: torch.device) -> tuple:
         return (self._h(device), self.fmt.dtype)
 
 
 class Taco1sCodec(FP8GroupCodec):
-    """TACO with a single scale per group: Hadamard + per-group absmax FP8 (s_a cancels exactly)."""
+    """TACO with a single scale per group: Hadamard + per-group absmax FP8 (s_a cancels exactly).
+
+    This is the lean-scale `taco`: with scale_fmt="e8m0" it costs 1 + 1/G bytes/elem. (The faithful
+    preset keeps its two scales: s_a only exists to dodge the clamps of s_q, docs/design.md 1.1.)"""
 
     name = "taco-1s"
     rotate = True
@@ -255,7 +276,7 @@ class IntGroupCodec(GroupCodec):
     qmax = 127
 
     def _args(self, device: torch.device) -> tuple:
-        return (self._h(device), self.qmax)
+        return (self._h(device), self.qmax, self.scale_fmt)
 
     def _dargs(self, device: torch.device) -> tuple:
         return (self._h(device),)
@@ -283,6 +304,20 @@ class Int4HadamardCodec(IntGroupCodec):
     qmax = 7
 
 
+def _int_hadamard(bits: int) -> type[IntGroupCodec]:
+    """Hadamard rotation + per-group absmax INT`bits` codes in [-qmax, qmax], bit-packed LSB first."""
+    qmax = int_qmax(bits)
+    doc = f"Hadamard rotation + per-group absmax INT{bits} ({bits}-bit packed codes, qmax {qmax})."
+    attrs = {"name": f"int{bits}-hadamard", "rotate": True, "bits": bits, "qmax": qmax, "__doc__": doc}
+    return type(f"Int{bits}HadamardCodec", (IntGroupCodec,), attrs)
+
+
+INT_HADAMARD: dict[int, type[IntGroupCodec]] = {
+    b: {8: Int8HadamardCodec, 4: Int4HadamardCodec}.get(b) or _int_hadamard(b) for b in range(8, 1, -1)
+}
+"""intB-hadamard by width B = 8..2 (int8 and int4 are the classes above: same names and bytes)."""
+
+
 CODECS: dict[str, type[Codec]] = {
     c.name: c
     for c in (
@@ -292,8 +327,7 @@ CODECS: dict[str, type[Codec]] = {
         Int8GroupCodec,
         TacoCodec,
         Taco1sCodec,
-        Int8HadamardCodec,
-        Int4HadamardCodec,
+        *INT_HADAMARD.values(),
     )
 }
 

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from .scales import round_up
+
 
 def _rotate(x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
     return x if h is None else (x @ h) / math.sqrt(h.shape[0])
@@ -49,14 +51,18 @@ def taco_encode(
     fmax: float,
     lam: float,
     target: float,
+    sfmt: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TACO encode (docs/design.md 1.1 steps 1-4) -> (q uint8 [ng, G], s_q [ng, 1], s_a [ng, 1])."""
+    """TACO encode (docs/design.md 1.1 steps 1-4) -> (q uint8 [ng, G], s_q [ng, 1], s_a [ng, 1]).
+
+    Both scales are rounded up onto `sfmt`'s grid (`taco.codec.scales`) before they are used."""
     g = xg.shape[1]
     s_a = (fmax / torch.sqrt(xg.square().mean(1, keepdim=True) + lam)).clamp(1e-3, 1e3)
+    s_a = round_up(s_a, sfmt)
     z = (xg * s_a) @ h / math.sqrt(g)
     amax = z.abs().amax(1, keepdim=True)
     s_q = (amax.clamp_min(1e-12) / target).clamp(1e-12, 1e6)
-    s_q = torch.where(torch.isfinite(amax), s_q, torch.full_like(s_q, math.nan))
+    s_q = round_up(torch.where(torch.isfinite(amax), s_q, torch.full_like(s_q, math.nan)), sfmt)
     q = (z / s_q).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
     return q, s_q, s_a
 
@@ -70,11 +76,12 @@ def taco_decode(
 
 
 def fp8_encode(
-    xg: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype, fmax: float
+    xg: torch.Tensor, h: torch.Tensor | None, fp8: torch.dtype, fmax: float, sfmt: str = "fp32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Optional rotation, one absmax scale per row, saturating RNE cast -> (q uint8 [ng, G], s [ng, 1])."""
+    """Optional rotation, one absmax scale per row (rounded up onto `sfmt`), saturating RNE cast
+    -> (q uint8 [ng, G], s [ng, 1])."""
     z = _rotate(xg, h)
-    s = absmax_scale(z.abs().amax(1, keepdim=True), fmax)
+    s = round_up(absmax_scale(z.abs().amax(1, keepdim=True), fmax), sfmt)
     q = (z / s).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
     return q, s
 
@@ -83,10 +90,13 @@ def fp8_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, fp8: to
     return _rotate(q.view(fp8).float() * s, h)
 
 
-def int_encode(xg: torch.Tensor, h: torch.Tensor | None, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Optional rotation, absmax scale, round-half-even to ints in [-qmax, qmax] -> (q int8, s [ng, 1])."""
+def int_encode(
+    xg: torch.Tensor, h: torch.Tensor | None, qmax: int, sfmt: str = "fp32"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optional rotation, absmax scale (rounded up onto `sfmt`), round-half-even to ints in
+    [-qmax, qmax] -> (q int8, s [ng, 1])."""
     z = _rotate(xg, h)
-    s = absmax_scale(z.abs().amax(1, keepdim=True), qmax)
+    s = round_up(absmax_scale(z.abs().amax(1, keepdim=True), qmax), sfmt)
     v = torch.round(z / s).clamp_(-qmax, qmax).nan_to_num_(0.0)  # NaN groups: s is NaN already
     return v.to(torch.int8), s
 

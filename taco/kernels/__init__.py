@@ -4,7 +4,8 @@ Importing this package registers three implementations of the one backend interf
 (`taco.codec.backend.KernelBackend`: encode, decode, decode-sum-encode into given buffers):
 - "native" (CPU): the C kernels of `taco_cpu.c`, one pass per batch of 16 groups, built once per
   machine (`native.py`, ~2 s, cached on disk; ~10x the eager reference on 16M bf16 elements);
-- "triton" (CUDA, or anywhere under TRITON_INTERPRET=1): fused Triton kernels (`triton_taco.py`),
+- "triton" (CUDA, or anywhere under TRITON_INTERPRET=1): fused Triton kernels (`triton_taco.py`;
+  the wire's bit formats, 2..8-bit packed codes and bf16/e8m0 scales, in `triton_bits.py`),
   imported lazily on first use and only if triton is importable;
 - "inductor" (opt-in, any device): `torch.compile` of the reference functions (`inductor.py`).
 Results are within one FP8/INT step of the reference where summation order differs (see tests).

@@ -177,6 +177,14 @@ def codec_cfg(codec) -> Cfg:
     return c
 
 
+def implements(codec) -> bool:
+    """Whether the C kernels implement this codec: the taco/fp8/int families, 8-bit codes or int4
+    nibbles, fp32 scales, G in 8..512. Other widths and scale formats run the eager reference."""
+    fam, g = getattr(codec, "family", None), getattr(codec, "group_size", 0)
+    ok = fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
+    return ok and getattr(codec, "bits", 8) in (4, 8) and getattr(codec, "scale_fmt", "fp32") == "fp32"
+
+
 def _offsets(codec, base: int, ng: int) -> tuple[int, int, int | None]:
     """Addresses of payload, scale 0 and scale 1 (None) of one chunk starting at `base`."""
     p = ng * codec.group_size * codec.bits // 8
@@ -189,9 +197,7 @@ class NativeBackend(KernelBackend):
     name = "native"
 
     def supports(self, codec, device: torch.device) -> bool:
-        fam, g = getattr(codec, "family", None), getattr(codec, "group_size", 0)
-        ok = device.type == "cpu" and fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
-        return ok and library() is not None
+        return device.type == "cpu" and implements(codec) and library() is not None
 
     def encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
         x = x.contiguous()

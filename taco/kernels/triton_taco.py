@@ -1,7 +1,8 @@
 """Fused Triton kernels for the group codecs: encode, decode and decode-N + fp32 sum + re-encode.
 
 Why fused: the eager reference makes ~15 passes over fp32 copies of the tensor; each kernel here
-makes one pass from the input dtype straight to the wire layout `[q: ng*G][s_0 fp32 x ng][s_1]`.
+makes one pass from the input dtype straight to the wire layout `[q: ng*G*BITS/8][s_0 x ng][s_1]`
+(BITS = 2..8 bit-packed integer codes, scales in fp32/bf16/e8m0: `triton_bits.py`).
 Imported lazily by `taco.kernels` (never at `import taco`), only where triton is importable.
 
 Per tile of R groups (docs/design.md 1.1): load, stats, adaptive scale (taco), Walsh-Hadamard rotation,
@@ -28,6 +29,18 @@ import triton
 import triton.language as tl
 
 from taco.codec.backend import KernelBackend
+from taco.codec.scales import scale_bytes
+
+from .triton_bits import (
+    _bf16_bits,
+    _fp8_bits,
+    _fp8_value,
+    _load_codes,
+    _load_scale,
+    _round_scale,
+    _store_codes,
+    _store_scale,
+)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ROWWISE = tl.constexpr(INTERPRET)  # see _dot
@@ -35,6 +48,8 @@ KIND = {"taco": 0, "fp8": 1, "int": 2}
 _FP8 = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
 _OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _NSPLIT = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+_SFMT = {"fp32": 0, "bf16": 1, "e8m0": 2}
+_SCALE_DTYPE = {"fp32": torch.float32, "bf16": torch.int16, "e8m0": torch.uint8}
 
 
 # -- device helpers -------------------------------------------------------------------------------
@@ -102,51 +117,6 @@ def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.
 
 
 @triton.jit
-def _fp8_bits(t, FMT: tl.constexpr):
-    """Round-to-nearest-even FP8 bits (uint8) of fp32 t, |t| <= FMAX or NaN (NaN -> 0x7F | sign)."""
-    MB: tl.constexpr = 3 if FMT == 0 else 2
-    BIAS: tl.constexpr = 7 if FMT == 0 else 15
-    SHIFT: tl.constexpr = 23 - MB
-    INV_STEP: tl.constexpr = 512.0 if FMT == 0 else 65536.0  # 1 / the subnormal step
-    u = t.to(tl.uint32, bitcast=True)
-    sign = (u >> 24) & 0x80
-    a = u & 0x7FFFFFFF
-    # subnormal grid: rint(|t| / step) by the 1.5 * 2^23 trick (exact: |t| / step < 2^MB)
-    sub = (a.to(tl.float32, bitcast=True) * INV_STEP + 12582912.0).to(tl.uint32, bitcast=True) - 0x4B400000
-    nrm = ((a + ((1 << (SHIFT - 1)) - 1) + ((a >> SHIFT) & 1)) >> SHIFT) - ((127 - BIAS) << MB)
-    code = tl.where(a < ((128 - BIAS) << 23), sub, nrm)
-    code = tl.where(a > 0x7F800000, 0x7F, code)
-    return (sign | code).to(tl.uint8)
-
-
-@triton.jit
-def _fp8_value(b, FMT: tl.constexpr):
-    """FP8 bits (uint8) -> exact fp32 values."""
-    MB: tl.constexpr = 3 if FMT == 0 else 2
-    BIAS: tl.constexpr = 7 if FMT == 0 else 15
-    STEP: tl.constexpr = 0.001953125 if FMT == 0 else 1.52587890625e-05  # 2^-9, 2^-16
-    a = b.to(tl.uint32) & 0x7F
-    sub = a.to(tl.float32) * STEP
-    nrm = ((a << (23 - MB)) + ((127 - BIAS) << 23)).to(tl.float32, bitcast=True)
-    m = tl.where(a < (1 << MB), sub, nrm)
-    if FMT == 1:
-        m = tl.where(a == 0x7C, float("inf"), m)
-        m = tl.where(a > 0x7C, float("nan"), m)
-    else:
-        m = tl.where(a == 0x7F, float("nan"), m)
-    return tl.where(b.to(tl.uint32) >= 128, -m, m)
-
-
-@triton.jit
-def _bf16_bits(y):
-    """fp32 -> bf16 bits (int16), round-to-nearest-even, NaN kept (the interpreter's cast truncates)."""
-    u = y.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    r = tl.where(y != y, (u >> 16) | 0x40, r)
-    return r.to(tl.uint16).to(tl.int16, bitcast=True)
-
-
-@triton.jit
 def _load_x(x_ptr, idx, n, IN: tl.constexpr):
     """Input tile as fp32, zero-padded beyond n. IN: 0 fp32, 1 bf16 (given as int16 bits), 2 fp16."""
     if IN == 1:
@@ -160,7 +130,7 @@ def _load_x(x_ptr, idx, n, IN: tl.constexpr):
 def _encode_tile(
     x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr,
+    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
 ):  # fmt: skip
     """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs)."""
     cols = tl.arange(0, G)
@@ -171,6 +141,7 @@ def _encode_tile(
         sa = tl.div_rn(tl.full((R,), 1.0, tl.float32), tl.sqrt_rn(ms + lam)) * fmax
         sa = tl.where(sa < 1e-3, 1e-3, sa)
         sa = tl.where(sa > 1e3, 1e3, sa)
+        sa = _round_scale(sa, SFMT)
         x = x * sa[:, None]
     if ROTATE:
         z = tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
@@ -190,45 +161,45 @@ def _encode_tile(
         units = tl.div_rn(tl.where(sub, amax, 0.0), qm * 1.401298464324817e-45)  # 2^-149
         s = tl.where(sub, tl.math.ceil(units) * 1.401298464324817e-45, s)
         s = tl.where(amax > 0, s, 1.0)
-    s = tl.where(bad | (amax == float("inf")), float("nan"), s)
+    s = _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
     t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
     if KIND == 2:
         r = (t + 12582912.0) - 12582912.0  # round half to even (|t| <= qmax)
         r = tl.where(r < -qmax, -qmax, r)
         r = tl.where(r > qmax, qmax, r)
         r = tl.where(r != r, 0.0, r)
-        code = r.to(tl.int8).to(tl.uint8, bitcast=True)
+        _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
         t = tl.where(t < -fmax, -fmax, t)
         t = tl.where(t > fmax, fmax, t)
         code = _fp8_bits(t, FMT)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], code, mask=rmask[:, None])
-    tl.store(s0_ptr + rows, s, mask=rmask)
+        tl.store(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], code, mask=rmask[:, None])
+    _store_scale(s0_ptr, rows, s, rmask, SFMT)
     if KIND == 0:
-        tl.store(s1_ptr + rows, sa, mask=rmask)
+        _store_scale(s1_ptr, rows, sa, rmask, SFMT)
 
 
 @triton.jit
 def _decode_tile(
     q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
 ):  # fmt: skip
     """Decode the groups `rows` to a [R, G] fp32 tile (docs/design.md 1.1 step 5)."""
     cols = tl.arange(0, G)
     rmask = rows < ng
-    b = tl.load(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], mask=rmask[:, None], other=0)
     if KIND == 2:
-        v = b.to(tl.int8, bitcast=True).to(tl.float32)
+        v = _load_codes(q_ptr, rows, rmask, G, R, BITS)
     else:
+        b = tl.load(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], mask=rmask[:, None], other=0)
         v = _fp8_value(b, FMT)
-    s = tl.load(s0_ptr + rows, mask=rmask, other=1.0)
+    s = _load_scale(s0_ptr, rows, rmask, SFMT)
     if ROTATE:  # (q @ H) * s: the codes are exact in bf16, one dot
         y = tl.div_rn(_hadamard(v, R, G, HB, 1, DOT) * s[:, None], tl.full((R, G), 1.0, tl.float32) * sqrt_g)
     else:
         y = v * s[:, None]
     if KIND == 0:
-        sa = tl.load(s1_ptr + rows, mask=rmask, other=1.0)
+        sa = _load_scale(s1_ptr, rows, rmask, SFMT)
         y = tl.div_rn(y, sa[:, None] + tl.zeros((R, G), tl.float32))
     return y
 
@@ -238,7 +209,8 @@ def _decode_tile(
 def _encode_kernel(
     x_ptr, q_ptr, s0_ptr, s1_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr,
+    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr, BITS: tl.constexpr,
+    SFMT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -246,20 +218,22 @@ def _encode_kernel(
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         x = _load_x(x_ptr, idx, n, IN)
         _encode_tile(x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
-                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT)  # fmt: skip
+                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT)  # fmt: skip
 
 
 @triton.jit
 def _decode_kernel(
     q_ptr, s0_ptr, s1_ptr, y_ptr, n, ng, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
-        y = _decode_tile(q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT)
+        y = _decode_tile(
+            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT
+        )
         if OUT == 1:
             tl.store(y_ptr + idx, _bf16_bits(y), mask=idx < n)
         elif OUT == 2:  # fp16 never overflows (finite_clamp); NaN stays NaN
@@ -276,7 +250,7 @@ def _decode_sum_encode_kernel(
     oq_ptr, os0_ptr, os1_ptr, sum_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, SUM_OUT: tl.constexpr, ENC: tl.constexpr,
-    OWN_IN: tl.constexpr,
+    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -289,7 +263,7 @@ def _decode_sum_encode_kernel(
             else:
                 k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
                 y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows,
-                                 ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT)  # fmt: skip
+                                 ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT)  # fmt: skip
             y = tl.where(idx < n, y, 0.0)
             acc = tl.where(t == 0, y, acc + y)
         if SUM:
@@ -301,7 +275,7 @@ def _decode_sum_encode_kernel(
                 tl.store(sum_ptr + idx, acc, mask=idx < n)
         if ENC:
             _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
-                         KIND, ROTATE, FMT, G, HB, R, 3, DOT)  # fmt: skip
+                         KIND, ROTATE, FMT, G, HB, R, 3, DOT, BITS, SFMT)  # fmt: skip
 
 
 # -- host side ------------------------------------------------------------------------------------
@@ -314,9 +288,12 @@ def runs_here(t: torch.Tensor) -> bool:
 
 
 def supports(codec, device: torch.device) -> bool:
-    """Whether the wire-level kernels handle this codec on `device` (8-bit payloads, G <= 512)."""
+    """Whether the wire-level kernels handle this codec on `device` (FP8 or 2..8-bit integer codes,
+    fp32/bf16/e8m0 scales, G <= 512)."""
     ok_dev = device.type == "cuda" or (INTERPRET and device.type == "cpu")
-    return ok_dev and getattr(codec, "family", None) in KIND and codec.bits == 8 and codec.group_size <= 512
+    fam = getattr(codec, "family", None)
+    ok = fam in KIND and (codec.bits == 8 or (fam == "int" and 2 <= codec.bits <= 8))
+    return ok_dev and ok and getattr(codec, "scale_fmt", "fp32") in _SFMT and codec.group_size <= 512
 
 
 def _geometry(g: int) -> tuple[int, int]:
@@ -353,8 +330,12 @@ def _y_arg(y: torch.Tensor) -> torch.Tensor:
 class _Spec:
     """Kernel parameters of one codec configuration."""
 
-    def __init__(self, kind: str, g: int, rotate: bool, fp8=None, fmax=0.0, lam=0.0, target=1.0, qmax=0.0):
+    def __init__(
+        self, kind: str, g: int, rotate: bool, fp8=None, fmax=0.0, lam=0.0, target=1.0, qmax=0.0,
+        bits: int = 8, sfmt: str = "fp32",
+    ):  # fmt: skip
         self.kind, self.g, self.rotate = KIND[kind], g, bool(rotate)
+        self.bits, self.sfmt = bits, _SFMT[sfmt]
         self.fmt = _FP8.get(fp8, 0)
         self.fmax, self.lam, self.target, self.qmax = float(fmax), float(lam), float(target), float(qmax)
         self.hb, self.r = _geometry(g)
@@ -362,17 +343,18 @@ class _Spec:
 
     @classmethod
     def of(cls, codec) -> _Spec:
-        fam, g = codec.family, codec.group_size
+        fam, g, sf = codec.family, codec.group_size, codec.scale_fmt
         if fam == "taco":
-            return cls("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target)
+            return cls("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target, sfmt=sf)
         if fam == "fp8":
-            return cls("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax)
-        return cls("int", g, codec.rotate, qmax=codec.qmax)
+            return cls("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax, sfmt=sf)
+        return cls("int", g, codec.rotate, qmax=codec.qmax, bits=codec.bits, sfmt=sf)
 
     def consts(self) -> dict:
         return dict(
-            KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT
-        )
+            KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
+            BITS=self.bits, SFMT=self.sfmt,
+        )  # fmt: skip
 
     def encode(self, x: torch.Tensor, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None) -> None:
         """x: flat input (n elements) -> q (uint8 view, ng*G), s0/s1 (fp32, ng) on the same device."""
@@ -399,11 +381,12 @@ def _aligned(buf: torch.Tensor) -> bool:
 
 
 def _views(codec, buf: torch.Tensor, ng: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(payload uint8, s_0 fp32, s_1 fp32 or None) views of one 16-byte-aligned chunk."""
-    p = ng * codec.group_size
-    f = buf[: p + 4 * ng * codec.n_scales].view(torch.float32)
-    s1 = f[p // 4 + ng : p // 4 + 2 * ng] if codec.n_scales == 2 else None
-    return buf[:p], f[p // 4 : p // 4 + ng], s1
+    """(payload uint8, s_0, s_1 or None) views of one 16-byte-aligned chunk; the scales as fp32,
+    int16 (bf16 bits) or uint8 (e8m0) words. The payload, ng * G * BITS / 8 bytes, is a multiple
+    of 4 (G >= 32), so every scale word is aligned."""
+    p, sb = ng * codec.group_size * codec.bits // 8, codec.scale_bytes
+    f = buf[p : p + sb * ng * codec.n_scales].view(_SCALE_DTYPE[codec.scale_fmt])
+    return buf[:p], f[:ng], (f[ng : 2 * ng] if codec.n_scales == 2 else None)
 
 
 class TritonBackend(KernelBackend):
@@ -441,7 +424,8 @@ class TritonBackend(KernelBackend):
             own_arg, own_in = _x_arg(own.contiguous())
         sum_arg = s0 if sum_out is None else _y_arg(sum_out)
         _decode_sum_encode_kernel[_grid(ng, sp.r, bufs.device)](
-            q, s0, s0 if s1 is None else s1, stride, stride // 4, nterms, own_arg, own_index,
+            q, s0, s0 if s1 is None else s1, stride, stride // scale_bytes(codec.scale_fmt), nterms, own_arg,
+            own_index,
             oq, os0, os0 if os1 is None else os1, sum_arg,
             numel, ng, sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
             SUM=sum_out is not None, SUM_OUT=0 if sum_out is None else _OUT[sum_out.dtype],
@@ -449,4 +433,3 @@ class TritonBackend(KernelBackend):
         )  # fmt: skip
         if dst is not None and dst is not out:
             out.copy_(dst)
-
