@@ -350,6 +350,42 @@ def test_policy_codec_for_without_distributed():
         tc.CommPolicy(min_bytes=-1)
 
 
+def test_site_codec_override_wins_over_globs():
+    p = tc.CommPolicy(codec="taco", overrides={"*.down.*": None})
+    p.set_site_codec("layers.0.mlp.down.fwd", "int8-hadamard", {"group_size": 64})
+    p.set_site_codec("layers.1.attn.out.fwd", "none")
+    assert p.codec_for("layers.0.mlp.down.fwd", 1000, torch.float32).spec == "int8-hadamard(group_size=64)"
+    assert p.codec_for("layers.1.mlp.down.fwd", 1000, torch.float32) is None  # the glob still applies
+    assert p.codec_for("layers.1.attn.out.fwd", 1000, torch.float32) is None
+    assert p.codec_for("layers.2.attn.out.fwd", 1000, torch.float32).spec.startswith("taco")
+    assert p.site_codecs() == {
+        "layers.0.mlp.down.fwd": "int8-hadamard(group_size=64)", "layers.1.attn.out.fwd": "none"
+    }
+    assert "layers.0.mlp.down.fwd: int8-hadamard(group_size=64)" in p.describe()
+
+
+def _observer_body(rank: int, world: int) -> list:
+    seen = []
+    p = tc.CommPolicy(codec="taco", overrides={"b": None})
+    p.observer = lambda site, op, x, codec: seen.append([site, op, list(x.shape), codec and codec.name])
+    x = torch.randn(4, 256)
+    before = x.clone()
+    tc.all_reduce(x, site="a", policy=p)
+    tc.all_gather(x, site="b", policy=p)
+    tc.reduce_scatter(x, policy=p)
+    assert torch.equal(x, before)
+    return seen
+
+
+def test_policy_observer_sees_every_call_before_it_runs():
+    for seen in run_distributed(_observer_body, 2):
+        assert seen == [
+            ["a", "all_reduce", [4, 256], "taco"],
+            ["b", "all_gather", [4, 256], None],
+            ["reduce_scatter", "reduce_scatter", [4, 256], "taco"],
+        ]
+
+
 def test_argument_errors_without_distributed():
     x = torch.randn(8)
     with pytest.raises(ValueError, match="unknown codec 'bogus'.*taco"):

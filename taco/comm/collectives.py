@@ -95,6 +95,8 @@ class _Call:
             )
         if self.codec is not None:
             check_axis(self.codec, x.shape)  # before any communication, like every argument check
+        if policy is not None and policy.observer is not None:
+            policy.observer(self.name, op, x, self.codec)
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.rank < 0:

@@ -10,6 +10,7 @@ global, so two policies can coexist in one process (e.g. a TP policy and a PP po
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,11 @@ class CommPolicy:
     nonfinite_check_every: int = 16
     """check the result of every k-th call of each site (calls 1, k+1, 2k+1, ...) for NaN/Inf,
     one extra read of the result per checked call; 1: every call, 0: never (`SiteStats.checked`)"""
+    observer: Callable[[str, str, torch.Tensor, Codec | None], None] | None = None
+    """called at the start of every call made with this policy, before any communication, as
+    `observer(site, op, x, codec)` (site: the site name, or the op name without one; x: the call's
+    input, which it must not modify; codec: the one chosen, None for plain). The hook of
+    calibration sampling and fidelity telemetry; it runs on the caller's stream and must not sync."""
     stats: CommStats = field(default_factory=CommStats)
     """per-site statistics of the calls made with this policy (its summary ends with the
     buffer cache's high-water line)"""
@@ -125,15 +131,31 @@ class CommPolicy:
         self._default = make_codec(self.codec, self.options)
         self._overrides = [(glob, make_codec(spec)) for glob, spec in self.overrides.items()]
         self._logged: set[tuple[str, str]] = set()
+        self._sites: dict[str, Codec | None] = {}
+
+    def set_site_codec(self, site: str, spec: CodecSpec, options: dict[str, Any] | None = None) -> None:
+        """Use `spec` at exactly `site` from the next call on, ahead of every glob override.
+
+        How calibration installs its per-site choice and the fidelity guard its fallback; the same
+        call must be made on every rank of the site's group (the codec decides the wire format).
+        """
+        self._sites[site] = make_codec(spec, options)
+
+    def site_codecs(self) -> dict[str, str]:
+        """The exact-site codecs set with `set_site_codec` (site -> spec, "none" for plain)."""
+        return {s: c.spec if c is not None else "none" for s, c in self._sites.items()}
 
     def codec_for(self, site: str | None, numel: int, dtype: torch.dtype) -> Codec | None:
         """The codec for one message of `numel` elements of `dtype` at `site` (None: plain)."""
         codec = self._default
         name = site or ""
-        for glob, c in self._overrides:
-            if fnmatch.fnmatchcase(name, glob):
-                codec = c
-                break
+        if name in self._sites:
+            codec = self._sites[name]
+        else:
+            for glob, c in self._overrides:
+                if fnmatch.fnmatchcase(name, glob):
+                    codec = c
+                    break
         if codec is not None and numel * dtype.itemsize < self.min_bytes:
             return None
         return codec
@@ -154,7 +176,8 @@ class CommPolicy:
 
     def describe(self) -> str:
         codec = self._default.spec if self._default is not None else "none"
-        over = ", ".join(f"{g}: {c.spec if c else 'none'}" for g, c in self._overrides)
+        pairs = [*self._sites.items(), *self._overrides]
+        over = ", ".join(f"{g}: {c.spec if c else 'none'}" for g, c in pairs)
         return (
             f"CommPolicy(codec={codec}, overrides={{{over}}}, min_bytes={self.min_bytes}, "
             f"slices={self.slices}, min_slice_bytes={self.min_slice_bytes}, "

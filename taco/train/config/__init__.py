@@ -26,10 +26,10 @@ dependencies, and the types here are a handful (scalars, str enums, optionals, l
 
 from taco.models.presets import PRESETS
 from taco.train.config.choices import Backend, CommDtype, DatasetKind, Device, Dtype, ModelKind, PPSchedule
+from taco.train.config.compression import CompressionConfig
 from taco.train.config.loading import check_codecs, load_config, parse_overrides
 from taco.train.config.run import Config
 from taco.train.config.schema import (
-    CompressionConfig,
     DataConfig,
     ModelConfig,
     ParallelConfig,

@@ -16,8 +16,8 @@ from typing import Any
 
 from taco.models.presets import PRESETS
 from taco.train.config.choices import DatasetKind
+from taco.train.config.compression import CompressionConfig
 from taco.train.config.schema import (
-    CompressionConfig,
     DataConfig,
     ModelConfig,
     ParallelConfig,

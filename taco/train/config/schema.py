@@ -270,64 +270,6 @@ class ParallelConfig(_Section):
 
 
 @dataclass
-class CompressionConfig(_Section):
-    """[compression]: which codec compresses which collective (docs/design.md 1.3); "none" = plain."""
-
-    SECTION: typing.ClassVar[str] = "compression"
-
-    tp_codec: str = field(default="taco", metadata={"doc": (
-        'Codec of the tensor-parallel collectives (a name from `taco.list_codecs()`; "none" = plain).')})
-    tp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={"doc": (
-        'Keyword options of the TP codec, an inline table, e.g. {group_size=128, fmt="e4m3"}; '
-        "on the command line `--compression.tp_codec_options.group_size=64` sets one key.")})
-    tp_sites: list[str] = field(default_factory=lambda: ["*"], metadata={"doc": (
-        'Glob patterns of the TP communication sites to compress (e.g. "layers.*.mlp.down.fwd"); '
-        'other sites use the plain collective. Default ["*"] = all.')})
-    min_bytes: int = field(default=0, metadata={
-        "doc": "Messages smaller than this many bytes (uncompressed size) use the plain collective."})
-    pp_codec: str = field(default="none", metadata={
-        "doc": "Codec of the pipeline send/recv of activations and their gradients."})
-    pp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={
-        "doc": "Keyword options of the PP codec (inline table)."})
-    dp_codec: str = field(default="none", metadata={
-        "doc": "Codec of the data-parallel gradient all-reduce (a DDP communication hook)."})
-    dp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={
-        "doc": "Keyword options of the DP codec (inline table)."})
-    dp_weight_codec: str = field(default="none", metadata={"doc": (
-        "With parallel.dp_shard: codec of the FSDP weight all-gather; weights travel as differences "
-        'against a shared reference (e.g. "int8-hadamard"; a spec string carries options).')})
-    dp_grad_codec: str = field(default="none", metadata={"doc": (
-        "With parallel.dp_shard: codec of the FSDP gradient reduce-scatter (across nodes when "
-        'parallel.dp_ranks_per_node splits the DP group), e.g. "int4-hadamard".')})
-    dp_grad_intra_codec: str = field(default="", metadata={"doc": (
-        'With parallel.dp_ranks_per_node: codec of the intra-node reduce-scatter ("" = dp_grad_codec).')})
-    slices: int = field(default=1, metadata={"doc": (
-        "Cut each compressed all-reduce into at most this many slices, each of at least "
-        "min_slice_bytes, so that encoding, transfer and decoding overlap (1 = no overlap).")})
-    min_slice_bytes: int = field(default=1 << 20, metadata={"doc": (
-        "Smallest slice (uncompressed bytes): a message of M bytes gets min(slices, M // this) "
-        "slices, at least 1. Below ~1 MiB the per-collective latency of the uncapped loopback "
-        "outweighs the overlap (docs/design.md 1.3).")})
-
-    def _check(self) -> None:
-        for name in ("tp_codec", "pp_codec", "dp_codec", "dp_weight_codec", "dp_grad_codec"):
-            if not getattr(self, name).strip():
-                self._fail(name, 'must be a codec name, or "none" for the plain collective')
-        for name in ("tp_codec_options", "pp_codec_options", "dp_codec_options"):
-            for key, value in getattr(self, name).items():
-                if not isinstance(value, (str, int, float, bool)):
-                    self._fail(name, f"option {key!r} must be a string, number or boolean")
-        if not self.tp_sites:
-            self._fail("tp_sites", 'must list at least one pattern (tp_codec = "none" compresses nothing)')
-        if self.min_bytes < 0:
-            self._fail("min_bytes", "must be >= 0")
-        if self.slices < 1:
-            self._fail("slices", "must be >= 1")
-        if self.min_slice_bytes < 1:
-            self._fail("min_slice_bytes", "must be >= 1")
-
-
-@dataclass
 class TrainConfig(_Section):
     """[train]: optimisation (AdamW, warmup + cosine decay), evaluation, logging, checkpoints."""
 
