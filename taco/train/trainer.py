@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,10 @@ class Trainer:
         # padded logits are masked out of the loss (loss_vocab), so it trains as the unpadded model.
         vocab, self.loss_vocab = model_vocab(cfg, self.train_ds.vocab_size)
         self.policy = build_policy(cfg)
+        # called as hook(trainer, record) after each step, before the record is written: the TP-site
+        # features of the [compression] section (calibration, the auto policy, fidelity telemetry)
+        # act at step boundaries here, collectively on every rank, and may add fields to the record
+        self.step_hooks: list[Callable[[Trainer, dict[str, Any]], None]] = []
         self.policies = {
             "tp": self.policy,
             "pp": build_axis_policy(cfg, "pp"),
@@ -339,6 +344,8 @@ class Trainer:
                 raw_sum[a] += st.raw_bytes[a]
                 rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
                 rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
+            for hook in self.step_hooks:
+                hook(self, rec)
             if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
                 rec["val_loss"] = val = self.evaluate()
             if step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0):

@@ -53,6 +53,10 @@ class CompressionConfig(_Section):
         "Smallest slice (uncompressed bytes): a message of M bytes gets min(slices, M // this) "
         "slices, at least 1. Below ~1 MiB the per-collective latency of the uncapped loopback "
         "outweighs the overlap (docs/design.md 1.3).")})
+    min_sqnr_db: float = field(default=28.0, metadata={"doc": (
+        "Fidelity floor of a TP site in dB (signal-to-quantization-noise ratio of its messages): "
+        "calibration never picks a codec below it and the fidelity guard acts on a site that stays "
+        "under it. Default: taco's ~31.8 dB on Hadamard-rotated groups less a 3.8 dB margin.")})
 
     def _check(self) -> None:
         for name in ("tp_codec", "pp_codec", "dp_codec", "dp_weight_codec", "dp_grad_codec"):
