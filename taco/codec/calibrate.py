@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .base import Codec
 from .codecs import get_codec
 from .hadamard import GROUP_SIZES
 
@@ -30,6 +31,8 @@ class CalibrationChoice:
     sqnr_db: float
     bytes_per_elem: float
     table: list[dict] = field(default_factory=list)
+    spec: str = ""
+    """the chosen codec's full spec (`Codec.spec`, every option), as `taco.comm.CommPolicy` takes it"""
 
     def options(self) -> dict:
         """Keyword options for `taco.get_codec(choice.codec, **choice.options())`."""
@@ -45,12 +48,13 @@ def default_candidates(codec: str = "taco", axes: Sequence[int] = (-1, 0)) -> li
 
 def calibrate(
     samples: Iterable[torch.Tensor],
-    candidates: Sequence[dict] | None = None,
+    candidates: Sequence[dict | Codec] | None = None,
     *,
     max_bytes_per_elem: float = math.inf,
     min_sqnr_db: float = -math.inf,
 ) -> CalibrationChoice:
-    """Measure each candidate {codec, group_size, axis, ...options} on `samples`; return the best.
+    """Measure each candidate {codec, group_size, axis, ...options} (or a built Codec) on `samples`;
+    return the best. Every table row carries the candidate's full `spec` (options such as fmt too).
 
     1-D samples are flat: every candidate groups them in memory order whatever its axis; on samples
     of 2+ dims an axis out of range raises ValueError (from the codec).
@@ -80,9 +84,13 @@ def calibrate(
         raise ValueError("calibrate needs at least one candidate")
     table = []
     for cand in cands:
-        opts = dict(cand)
-        name = opts.pop("codec", "taco")
-        codec = get_codec(name, **opts)
+        if isinstance(cand, Codec):
+            codec, name = cand, cand.name
+            opts = {k: getattr(cand, k) for k in ("group_size", "axis") if hasattr(cand, k)}
+        else:
+            opts = dict(cand)
+            name = opts.pop("codec", "taco")
+            codec = get_codec(name, **opts)
         err = sig = 0.0
         nbytes = numel = 0
         for x in xs:
@@ -100,6 +108,7 @@ def calibrate(
         table.append(
             {
                 "codec": name,
+                "spec": codec.spec,
                 "group_size": opts.get("group_size", 128),
                 "axis": opts.get("axis", -1),
                 "sqnr_db": sq,
@@ -115,5 +124,6 @@ def calibrate(
         )
     best = min(ok, key=lambda r: (r["score"], r["bytes_per_elem"]))
     return CalibrationChoice(
-        best["codec"], best["group_size"], best["axis"], best["sqnr_db"], best["bytes_per_elem"], table
+        best["codec"], best["group_size"], best["axis"], best["sqnr_db"], best["bytes_per_elem"], table,
+        best["spec"],
     )
