@@ -1,4 +1,4 @@
-"""The `taco` console script: train, compare, bench, data, export, config (docs/design.md 2.2).
+"""The `taco` console script: train, calibrate, compare, bench, data, export, config (docs/design.md 2.2).
 
 Each subcommand's module adds its own arguments; heavy imports happen only when it runs.
 """
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     from taco.train.cli import (
+        add_calibrate_subparser,
         add_compare_subparser,
         add_config_subparser,
         add_data_subparser,
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_train_subparser(sub)
+    add_calibrate_subparser(sub)
     add_compare_subparser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks: codec, comm, cluster")

@@ -1,8 +1,8 @@
-"""`taco train`, `taco compare`, `taco data`, `taco export` and `taco config` argument handling.
+"""`taco train`, `taco calibrate`, `taco compare`, `taco data`, `taco export`, `taco config` arguments.
 
 Why this file exists: the subcommands that `taco.cli` registers for training live here, so that the
 library modules below (config, data, launch, export) never parse arguments, print usage or pick an
-exit code. train and compare take a config file + `--section.key=value`; data prepares a data set;
+exit code. train, calibrate and compare take a config file + `--section.key=value`; data prepares a data set;
 export writes a run as a Hugging Face checkpoint; config show lists every key.
 """
 
@@ -55,6 +55,41 @@ def run_train(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"taco train: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def add_calibrate_subparser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="choose the TP codec of every site from K sampled steps, write calibration.json",
+        description="Run the config's first compression.calibrate_steps steps with compression.calibrate "
+        "on: every compressed TP site is sampled (forward and backward) and given the candidate of "
+        "compression.calibrate_candidates that measures best under compression.min_sqnr_db and "
+        "compression.max_bytes_per_elem; writes train.out_dir/calibration.json, prints the table and "
+        "exits. Later runs apply it with --compression.calibration=PATH.",
+        epilog=CONFIG_KEYS_HINT,
+    )
+    p.add_argument("--config", default=None, help="TOML config (e.g. configs/demo.toml)")
+    p.set_defaults(func=run_calibrate, takes_overrides=True)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from taco.train.calibration import CALIBRATION_FILE
+    from taco.train.launch import launch
+
+    try:
+        args.overrides = [*args.overrides, "--compression.calibrate=true"]
+        cfg = _load(args)
+        if cfg.compression.calibration:
+            raise ValueError("compression.calibration applies a calibration; calibrate samples a new one")
+        args.overrides.append(f"--train.steps={cfg.compression.calibrate_steps}")
+        cfg = _load(args)
+        launch(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"taco calibrate: {e}", file=sys.stderr)
+        return 2
+    path = Path(cfg.train.out_dir) / CALIBRATION_FILE
+    print(f"[taco calibrate] wrote {path}; apply it with --compression.calibration={path}", flush=True)
     return 0
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from taco.train.calibration import check_calibration
 from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
@@ -103,7 +104,9 @@ def _spawned(rank: int, world: int, port: int, cfg: Config, data_dir: Path, out:
 
 def check_start_up(cfg: Config) -> None:
     """What the config alone cannot see, raised before any rank starts (ValueError): a device for
-    every local rank. (A checkpoint's depth is in `cfg` already, checked against parallel.pp.)"""
+    every local rank, and the calibration's candidates or file. (A checkpoint's depth is in `cfg`
+    already, checked against parallel.pp.)"""
+    check_calibration(cfg)
     if "LOCAL_RANK" not in os.environ:  # spawned here: ranks 0..world-1 each need their device
         resolve_device(cfg, cfg.parallel.world_size - 1)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 # what a previous run leaves behind (a folder holding only config.toml or error logs is reusable)
 MARKERS = ("metrics.jsonl", "tb", "checkpoints")
-OUTPUTS = (*MARKERS, "summary.json", "comm_stats.txt")
+OUTPUTS = (*MARKERS, "summary.json", "comm_stats.txt", "calibration.json")
 
 
 def previous_run(out_dir: Path) -> list[str]:

@@ -55,6 +55,7 @@ from taco.train.build import (
     tp_comm_dtype,
     train_dtype,
 )
+from taco.train.calibration import attach_calibration
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import TokenDataset
@@ -147,6 +148,7 @@ class Trainer:
         self.step = 0
         self.out_dir = Path(t.out_dir)
         self.mesh = dims.mesh()
+        self.calibration = attach_calibration(self)  # compression.calibrate/.calibration: per-site TP codecs
 
     # -- one step -----------------------------------------------------------------------------
     def _seed_step(self, step: int) -> None:

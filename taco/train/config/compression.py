@@ -57,6 +57,23 @@ class CompressionConfig(_Section):
         "Fidelity floor of a TP site in dB (signal-to-quantization-noise ratio of its messages): "
         "calibration never picks a codec below it and the fidelity guard acts on a site that stays "
         "under it. Default: taco's ~31.8 dB on Hadamard-rotated groups less a 3.8 dB margin.")})
+    calibrate: bool = field(default=False, metadata={"doc": (
+        "Data-driven reshaping (docs/design.md 1.1): sample every compressed TP site (forward and "
+        "backward) during the first calibrate_steps steps, then give each site the candidate with the "
+        "best error x bytes score that meets min_sqnr_db and max_bytes_per_elem; the choice goes to "
+        "calibration.json in out_dir and is reused on resume. `taco calibrate` runs only this.")})
+    calibrate_steps: int = field(default=4, metadata={"doc": (
+        "K: steps sampled before the calibration decides (one sample per site and step).")})
+    calibration: str = field(default="", metadata={"doc": (
+        "Path of a calibration.json (of an earlier run) to apply before the first step instead of "
+        'sampling; "" = none.')})
+    calibrate_candidates: list[str] = field(default_factory=list, metadata={"doc": (
+        'Codec specs calibration chooses from, e.g. ["taco(group_size=64)", "int8-hadamard(axis=0)"]; '
+        "[] = tp_codec with its options at every group size of taco.codec.GROUP_SIZES, grouped along "
+        "the last axis and along axis 0.")})
+    max_bytes_per_elem: float = field(default=0.0, metadata={"doc": (
+        "Bytes budget of calibration: no site gets a candidate sending more wire bytes per element "
+        "(payload + scales); 0 = no budget.")})
 
     def _check(self) -> None:
         for name in ("tp_codec", "pp_codec", "dp_codec", "dp_weight_codec", "dp_grad_codec"):
@@ -74,3 +91,11 @@ class CompressionConfig(_Section):
             self._fail("slices", "must be >= 1")
         if self.min_slice_bytes < 1:
             self._fail("min_slice_bytes", "must be >= 1")
+        if self.calibrate_steps < 1:
+            self._fail("calibrate_steps", "must be >= 1")
+        if self.max_bytes_per_elem < 0:
+            self._fail("max_bytes_per_elem", "must be >= 0 (0 = no budget)")
+        if any(not c.strip() or c.strip() == "none" for c in self.calibrate_candidates):
+            self._fail("calibrate_candidates", 'must be codec specs (not "" or "none")')
+        if (self.calibrate or self.calibration) and self.tp_codec == "none":
+            self._fail("tp_codec", 'is "none": calibration chooses among codecs of compressed sites')
