@@ -5,11 +5,11 @@ gradient is not an attention output), and only real tensors tell. With `compress
 `SiteSampler` on the TP policy's observer copies the input of the first call of every compressed
 site (forward and backward) in each of the first `calibrate_steps` steps; after step K a step hook
 scores the candidates on those samples (`taco.codec.calibrate`: error x bytes under the floor
-`min_sqnr_db` and the budget `max_bytes_per_elem`), the rank (dp 0, tp 0) of every pipeline stage
-decides its stage's sites, every rank gathers all decisions and installs the same codecs with
-`CommPolicy.set_site_codec`, and global rank 0 writes `calibration.json` to the run folder and prints
-the table. A resumed run (or `compression.calibration = PATH`) applies that file before the first
-step and samples nothing.
+`min_sqnr_db` and the budget `max_bytes_per_elem`); the rank (dp 0, tp 0) of every pipeline stage,
+the only one that samples, decides its stage's sites; every rank gathers all decisions and
+installs the same codecs with `CommPolicy.set_site_codec`, and global rank 0 writes
+`calibration.json` to the run folder and prints the table. A resumed run (or
+`compression.calibration = PATH`) applies that file before the first step and samples nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 CALIBRATION_FILE = "calibration.json"
 VERSION = 1
+BYTES_KEYS = ("bytes_per_elem", "default_bytes_per_elem")
 SAMPLE_MAX_ELEMS = 1 << 18
 """A sample of more elements keeps a slice of its dim 1 (dims 0 and -1, the grouping axes, stay
 whole): bounds the host memory and the scoring time on large models."""
@@ -170,13 +171,16 @@ def table(doc: dict[str, Any]) -> str:
             f"  {s:<{w}}  {e['codec']:<{cw}}  {f(e.get('sqnr_db')):>7} {f(e.get('bytes_per_elem')):>6}   "
             f"{f(e.get('default_sqnr_db')):>12} {f(e.get('default_bytes_per_elem')):>6}"
         )
-    n = sum(e.get("elems", 0) for e in sites.values())
-    if n:
-        mean = lambda k: sum(e[k] * e["elems"] for e in sites.values() if e.get(k)) / n  # noqa: E731
+    scored = [e for e in sites.values() if e.get("elems") and e.get("bytes_per_elem") is not None]
+    if scored:
+        n = sum(e["elems"] for e in scored)
+        b, b0 = (sum(e[k] * e["elems"] for e in scored) / n for k in BYTES_KEYS)
+        q = [e["sqnr_db"] for e in scored if e["sqnr_db"] is not None]
+        q0 = [e["default_sqnr_db"] for e in scored if e["default_sqnr_db"] is not None]
         lines.append(
-            f"  sample-weighted bytes/elem: chosen {mean('bytes_per_elem'):.4f} vs default "
-            f"{mean('default_bytes_per_elem'):.4f}; worst chosen SQNR "
-            f"{min((e['sqnr_db'] for e in sites.values() if e.get('sqnr_db') is not None), default=0):.2f} dB"
+            f"  all sites: bytes/elem {b:.4f} vs default {b0:.4f} ({100 * (b / b0 - 1):+.1f}%); SQNR dB "
+            f"mean {sum(q) / len(q):.2f} (min {min(q):.2f}) vs default {sum(q0) / len(q0):.2f} "
+            f"(min {min(q0):.2f})"
         )
     return "\n".join(lines)
 
@@ -234,9 +238,14 @@ class Calibration:
         elif c.calibrate:
             self.candidates = candidate_codecs(cfg)
             self.sampler = SiteSampler(c.calibrate_steps)
-            prev, mine = trainer.policy.observer, self.sampler
-            trainer.policy.observer = lambda *a: (prev and prev(*a), mine(*a))  # chained (issue 14)
+            if self._decides():  # only the deciders keep samples; every rank takes part in the hook
+                prev, mine = trainer.policy.observer, self.sampler
+                trainer.policy.observer = lambda *a: (prev and prev(*a), mine(*a))  # chained (issue 14)
             trainer.step_hooks.append(self.on_step)
+
+    def _decides(self) -> bool:
+        """This rank decides for its pipeline stage: TP rank 0 of DP replica 0."""
+        return self.trainer.dims.dp_rank == 0 and self.trainer.dims.tp_rank == 0
 
     def apply(self, doc: dict[str, Any], source: str) -> None:
         """Install the file's codecs on this rank's TP policy (every rank, the same file)."""
@@ -268,8 +277,8 @@ class Calibration:
 
     def _decide_local(self) -> dict[str, Any] | None:
         """This stage's decision on its decider (dp 0, tp 0): {"sites": ...} or {"error": ...}."""
-        dims, c = self.trainer.dims, self.trainer.cfg.compression
-        if dims.dp_rank != 0 or dims.tp_rank != 0:
+        c = self.trainer.cfg.compression
+        if not self._decides():
             return None
         assert self.sampler is not None
         try:
