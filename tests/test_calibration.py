@@ -137,3 +137,26 @@ def test_sampler_keeps_the_first_call_per_step_bounded_and_leaves_inputs_alone()
     assert torch.equal(x, keep) and set(s.samples) == {"a.fwd"}
     assert len(s.samples["a.fwd"]) == 2 and s.samples["a.fwd"][0].shape == (4, 8, 16)
     assert torch.equal(s.samples["a.fwd"][1], x[:, :8]) and s.defaults["a.fwd"] == codec.spec
+
+
+def test_start_up_names_a_bad_candidate_or_calibration_file(tmp_path):
+    from taco.train.calibration import check_calibration
+    from taco.train.config import load_config
+
+    def cfg(*a):
+        return load_config(None, ["--compression.calibrate=true", *a])
+
+    with pytest.raises(ValueError, match=r"calibrate_candidates: 'taco\(group_size=48\)'"):
+        check_calibration(cfg('--compression.calibrate_candidates=["taco(group_size=48)"]'))
+    with pytest.raises(ValueError, match="tp_codec"):
+        cfg("--compression.tp_codec=none")
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        check_calibration(cfg(f"--compression.calibration={tmp_path / 'nope.json'}"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "sites": {"a.fwd": {"codec": "taco(group_size=48)"}}}')
+    with pytest.raises(ValueError, match="site 'a.fwd'"):
+        check_calibration(cfg(f"--compression.calibration={bad}"))
+    bad.write_text('{"sites": []}')
+    with pytest.raises(ValueError, match="not a calibration.json"):
+        check_calibration(cfg(f"--compression.calibration={bad}"))
+    check_calibration(cfg())  # the default candidates build

@@ -237,7 +237,7 @@ class Calibration:
         self.sampler: SiteSampler | None = None
         self.steps = 0
         if c.calibration:
-            self.apply(load_calibration(c.calibration), source=c.calibration)
+            self.apply(load_calibration(c.calibration), source=c.calibration, record=True)
         elif c.calibrate and cfg.train.resume is not False and self.path.exists():
             self.apply(load_calibration(self.path), source=f"{self.path} (resumed run)")
         elif c.calibrate:
@@ -252,13 +252,14 @@ class Calibration:
         """This rank decides for its pipeline stage: TP rank 0 of DP replica 0."""
         return self.trainer.dims.dp_rank == 0 and self.trainer.dims.tp_rank == 0
 
-    def apply(self, doc: dict[str, Any], source: str) -> None:
-        """Install the file's codecs on this rank's TP policy (every rank, the same file)."""
+    def apply(self, doc: dict[str, Any], source: str, record: bool = False) -> None:
+        """Install the file's codecs on this rank's TP policy (every rank, the same file);
+        `record`: rank 0 copies it to the run folder too (unless it is that file)."""
         for site, e in doc["sites"].items():
             self.trainer.policy.set_site_codec(site, e["codec"])
         if self.trainer.log:
             print(f"[taco] calibration from {source}\n{table(doc)}", flush=True)
-            if Path(source.split(" ")[0]).resolve() != self.path.resolve():
+            if record and Path(source).resolve() != self.path.resolve():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 _write(self.path, doc)  # the run folder records what the run used; resume reuses it
 
