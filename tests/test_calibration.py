@@ -72,6 +72,19 @@ def test_calibrated_run_writes_every_site_every_rank_agrees_and_resume_reuses(co
     assert json.loads((tmp_path / "new" / CALIBRATION_FILE).read_text()) == doc
 
 
+@pytest.mark.slow  # one 4-rank run, ~50 s
+def test_with_pipeline_stages_every_stage_decides_and_every_rank_installs_all(corpus, tmp_path):
+    out = tmp_path / "pp"
+    cfg = tiny(corpus, out, *CAL, "--parallel.pp=2", "--parallel.microbatches=2", "--train.steps=2")
+    got = _run(cfg)
+    sites = json.loads((out / CALIBRATION_FILE).read_text())["sites"]
+    stage0, stage1 = set(got[0]["sites"]), set(got[2]["sites"])  # ranks 0-1: stage 0, ranks 2-3: stage 1
+    assert stage0 and stage1 and not stage0 & stage1 and set(sites) == stage0 | stage1
+    assert "tok_emb.fwd" in stage0 and "lm_head.bwd" in stage1
+    want = {s: make_codec(e["codec"]).spec for s, e in sites.items()}
+    assert all(g["site_codecs"] == want for g in got)  # every rank holds every stage's choice
+
+
 @pytest.mark.slow  # two 2-rank runs, ~40 s
 def test_taco_calibrate_runs_k_steps_writes_the_json_and_an_unmet_budget_fails(corpus, tmp_path, capfd):
     from tests.test_train import tiny_args
