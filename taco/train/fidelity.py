@@ -31,18 +31,17 @@ class FidelityTelemetry:
         self.probe = FidelityProbe()
         self.history = FidelityHistory()
         self.guard = FidelityGuard(c.min_sqnr_db, c.guard_patience, c.guard_fallback) if c.guard else None
-        prev, mine = self.policy.observer, self.probe
+        self.probe.armed = True  # measures on the steps `_due` names: trainer.step + 1 is the one running
+        prev = self.policy.observer
+        mine = lambda *a: self.probe(*a) if self._due(trainer.step + 1) else None  # noqa: E731
         self.policy.observer = lambda *a: (prev and prev(*a), mine(*a))
-        self.probe.armed = self._due(trainer.step + 1)
 
     def _due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
     def __call__(self, trainer: Any, rec: dict[str, Any]) -> None:
-        step = rec["step"]
-        if self.probe.armed:
-            self._check(step, rec)
-        self.probe.armed = self._due(step + 1)
+        if self._due(rec["step"]):
+            self._check(rec["step"], rec)
 
     def _check(self, step: int, rec: dict[str, Any]) -> None:
         local = self.probe.collect()
