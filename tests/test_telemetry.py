@@ -5,6 +5,7 @@ import json
 import logging
 import math
 
+import pytest
 import torch
 
 from taco.codec import Codec, get_codec, sqnr_db
@@ -192,3 +193,25 @@ def test_guard_switches_exactly_the_failing_site_after_patience(corpus, tmp_path
     assert sq[0] < 20 and sq[1] < 20 and sq[2] > 38 and sq[3] > 38, sq  # noisy twice, then int8
     assert all(math.isfinite(r["loss"]) for r in recs)
     assert "guard: step 2 site 'layers.0.mlp.down.fwd'" in (out / "comm_stats.txt").read_text()
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_guards_switches_and_reproduces_the_run(corpus, tmp_path):
+    # a 40 dB floor fails taco (~32 dB) at every site: the guard moves all of them at step 2
+    guarded = ("--compression.telemetry_every=1", "--compression.min_sqnr_db=40")
+    launch(tiny(corpus, tmp_path / "full", "--train.steps=4", *guarded))
+    launch(tiny(corpus, tmp_path / "part", "--train.steps=2", "--train.checkpoint_interval=2", *guarded))
+    launch(tiny(corpus, tmp_path / "part", "--train.steps=4", "--train.resume=true", *guarded))
+    full, part = _records(tmp_path / "full"), _records(tmp_path / "part")
+    i8 = make_codec("int8-hadamard").spec
+    assert all(36 < v < 200 for k, v in full[2].items() if k.startswith("sqnr_db/")), full[2]  # int8, step 3
+    assert [r["loss"] for r in full[2:]] == [r["loss"] for r in part[2:]]  # bit-exact: the switches were kept
+
+    def actions(run):
+        text = (tmp_path / run / "comm_stats.txt").read_text()
+        return [line for line in text.splitlines() if line.startswith("guard: step")]
+
+    sites = [k for k in full[0] if k.startswith("sqnr_db/")]
+    assert len([a for a in actions("full") if "step 2 " in a and a.endswith(f"-> {i8}")]) == len(sites) == 10
+    assert not any("step 2 " in a for a in actions("part"))  # the resumed run did not switch them again
+    assert [a for a in actions("full") if "step 2 " not in a] == actions("part")  # later switches alike

@@ -276,6 +276,7 @@ class Trainer:
             "step": self.step,
             "mesh": self.mesh,
             "dp_shard": self.sharded,
+            "site_codecs": self.policy.site_codecs(),  # exact-site TP codecs (the guard's, calibration's)
         }
         if self.sharded:  # local DP shards of both, and the weight-difference references
             st.update(fully_sharded.checkpoint_state(self.stage, self.model, st["opt"]))
@@ -297,6 +298,8 @@ class Trainer:
             self.model.load_state_dict(st["model"])
             load_optimizer_state(self.opt, st["opt"])
         self.step = st["step"]
+        for site, spec in st.get("site_codecs", {}).items():
+            self.policy.set_site_codec(site, spec)
         if self.log:
             print(f"resumed from {d} at step {self.step}", flush=True)
 
