@@ -215,3 +215,14 @@ def test_resume_keeps_the_guards_switches_and_reproduces_the_run(corpus, tmp_pat
     assert len([a for a in actions("full") if "step 2 " in a and a.endswith(f"-> {i8}")]) == len(sites) == 10
     assert not any("step 2 " in a for a in actions("part"))  # the resumed run did not switch them again
     assert [a for a in actions("full") if "step 2 " not in a] == actions("part")  # later switches alike
+
+
+@pytest.mark.slow
+def test_pipeline_stages_report_their_sites_through_rank_0(corpus, tmp_path):
+    out = tmp_path / "pp"
+    launch(tiny(corpus, out, "--train.steps=2", "--parallel.pp=2", "--parallel.microbatches=2",
+                "--compression.telemetry_every=1"))
+    for r in _records(out):  # stage 0 holds layer 0 and the embedding, stage 1 layer 1 and the head
+        sq = {k[len("sqnr_db/"):] for k in r if k.startswith("sqnr_db/")}
+        assert {"tok_emb.fwd", "layers.0.mlp.down.fwd", "layers.1.attn.qkv.bwd", "lm_head.bwd"} <= sq, r
+        assert all(25 < r[f"sqnr_db/{s}"] < 40 for s in sq)

@@ -44,12 +44,14 @@ class FidelityTelemetry:
             self._check(rec["step"], rec)
 
     def _check(self, step: int, rec: dict[str, Any]) -> None:
-        local = self.probe.collect()
+        readings = self.probe.collect()
+        local = (readings, {site: self.probe.specs[site] for site in readings})
         gathered: list[Any] = [local]
         if dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, local)
-        merged = merge_sites(gathered)
+        merged = merge_sites([r for r, _ in gathered])
+        specs = {site: spec for _, sp in gathered for site, spec in sp.items()}  # the same on every rank
         for site, (db, bad_in, made) in merged.items():
             rec[f"sqnr_db/{site}"] = db
             rec[f"nonfinite_in/{site}"] = int(bad_in)
@@ -57,10 +59,9 @@ class FidelityTelemetry:
         self.history.add(merged)
         if self.guard is None:
             return
-        for site, new, why in self.guard.decide(merged, self.probe.specs):
-            old = self.probe.specs.get(site, "?")
+        for site, new, why in self.guard.decide(merged, specs):
             self.policy.set_site_codec(site, new)
-            line = f"fidelity guard: step {step} site {site!r}: {why}; codec {old} -> {new}"
+            line = f"fidelity guard: step {step} site {site!r}: {why}; codec {specs[site]} -> {new}"
             self.history.actions.append(line.removeprefix("fidelity guard: "))
             if self.log:
                 log.warning("%s", line)
