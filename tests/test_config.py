@@ -228,9 +228,13 @@ def test_every_field_is_documented() -> None:
 def test_batch_helpers_and_codec_check() -> None:
     cfg = load_config(None, ["--parallel.dp=2", "--parallel.microbatches=4", "--train.batch_size=32"])
     assert (cfg.local_batch_size, cfg.micro_batch_size) == (16, 4)
-    check_codecs(cfg, ["none", "taco"])
+    check_codecs(cfg, ["none", "taco", "int8-hadamard"])
     with pytest.raises(ValueError, match="compression.tp_codec = 'taco': unknown codec; available: none"):
         check_codecs(cfg, ["none"])
+    with pytest.raises(ValueError, match="compression.guard_fallback = 'int8-hadamard': unknown codec"):
+        check_codecs(cfg, ["none", "taco"])
+    cfg = load_config(None, ["--compression.guard_fallback=taco(group_size=64)"])
+    check_codecs(cfg, ["none", "taco"])
 
 
 def test_parse_overrides_shapes() -> None:

@@ -251,6 +251,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
             c.compression.tp_codec = codec
             c.compression.tp_codec_options = accepted_options(codec, cfg.compression.tp_codec_options)
+            c.compression.telemetry_every = 0  # timed steps, no step hooks: no fidelity round trips
             c.train.resume = False
             c.train.out_dir = str(Path(tempfile.gettempdir()) / "taco-cluster")
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),

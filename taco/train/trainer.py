@@ -60,6 +60,7 @@ from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpo
 from taco.train.config import Config, config_to_toml
 from taco.train.data import TokenDataset
 from taco.train.errors import CheckpointError
+from taco.train.fidelity import FidelityTelemetry
 from taco.train.metrics import MetricsLogger, capture_fn
 
 
@@ -100,6 +101,9 @@ class Trainer:
         # features of the [compression] section (calibration, the auto policy, fidelity telemetry)
         # act at step boundaries here, collectively on every rank, and may add fields to the record
         self.step_hooks: list[Callable[[Trainer, dict[str, Any]], None]] = []
+        self.fidelity = FidelityTelemetry(self) if cfg.compression.telemetry_every else None
+        if self.fidelity is not None:
+            self.step_hooks.append(self.fidelity)
         self.policies = {
             "tp": self.policy,
             "pp": build_axis_policy(cfg, "pp"),
@@ -274,6 +278,7 @@ class Trainer:
             "step": self.step,
             "mesh": self.mesh,
             "dp_shard": self.sharded,
+            "site_codecs": self.policy.site_codecs(),  # exact-site TP codecs (the guard's, calibration's)
         }
         if self.sharded:  # local DP shards of both, and the weight-difference references
             st.update(fully_sharded.checkpoint_state(self.stage, self.model, st["opt"]))
@@ -295,6 +300,8 @@ class Trainer:
             self.model.load_state_dict(st["model"])
             load_optimizer_state(self.opt, st["opt"])
         self.step = st["step"]
+        for site, spec in st.get("site_codecs", {}).items():
+            self.policy.set_site_codec(site, spec)
         if self.log:
             print(f"resumed from {d} at step {self.step}", flush=True)
 
@@ -375,6 +382,8 @@ class Trainer:
         }
         if self.log:
             stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)
+            if self.fidelity is not None:  # per-site SQNR of the telemetry steps, the guard's switches
+                stats += f"\n\n[tp fidelity]\n{self.fidelity.summary()}"
             (self.out_dir / "comm_stats.txt").write_text(stats + "\n")
             (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

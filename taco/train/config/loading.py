@@ -145,4 +145,9 @@ def check_codecs(cfg: Config, available: Sequence[str]) -> None:
             raise ValueError(
                 f"compression.{name} = {codec!r}: unknown codec; available: {', '.join(available)}"
             )
+    fallback = cfg.compression.guard_fallback  # a spec string may carry options: "taco(group_size=64)"
+    if fallback.partition("(")[0].strip() not in available:
+        raise ValueError(
+            f"compression.guard_fallback = {fallback!r}: unknown codec; available: {', '.join(available)}"
+        )
 
