@@ -37,11 +37,12 @@ typedef struct {
     int32_t group;  /* G: 32..512, a power of two */
     int32_t rotate; /* apply the Walsh-Hadamard transform (taco: always) */
     int32_t fmt;    /* fp8 payload: 0 e4m3fn, 1 e5m2 */
-    int32_t bits;   /* int payload: 8, or 4 (two's-complement nibbles, low nibble first) */
+    int32_t bits;   /* int payload: B = 2..8 bits per two's-complement code, packed LSB first */
     float fmax;     /* fp8 clamp FMAX */
     float lam;      /* taco: lambda of the adaptive scale */
     float target;   /* taco: target range T of s_q */
     float qmax;     /* int: largest code magnitude */
+    int32_t sfmt;   /* scale format: 0 fp32, 1 bf16, 2 e8m0 (last: older builds read the prefix) */
 } cfg_t;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -241,11 +242,91 @@ static inline float addf_first(float a, float b) {
 #endif
 }
 
-static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
-static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
+/* ---- scale formats (taco.codec.scales): fp32; bf16 and e8m0, rounded UP onto their grid -------
+   Pure integer steps on the fp32 bits, the reference's, so scales are byte-identical; a NaN scale
+   (non-finite group) stays NaN in every format. Stored unaligned-safe, `scale_size` bytes each. */
+enum { SF_F32 = 0, SF_BF16 = 1, SF_E8M0 = 2 };
+#define BF16_MAX_BITS 0x7F7F0000u /* bf16's largest finite value, as fp32 bits */
+
+static inline int scale_size(const cfg_t* c) { return c->sfmt == SF_BF16 ? 2 : c->sfmt == SF_E8M0 ? 1 : 4; }
+
+static inline uint32_t e8m0_code(float s) { /* byte b of the smallest 2^(b - 127) >= s, <= 254; NaN 255 */
+    uint32_t u = f2u(s), e = (u >> 23) & 0xFF, m = u & 0x7FFFFF;
+    uint32_t b = e == 0 ? (uint32_t)(m > 0x400000) : e + (m != 0);
+    b = b > 254 ? 254 : b;
+    return s != s ? 255u : b;
+}
+
+static inline float e8m0_value(uint32_t b) { return b == 255 ? NAN : u2f(b == 0 ? 0x400000u : b << 23); }
+
+/* s (> 0 or NaN) -> the smallest value of the scale format >= s (capped at its largest) */
+static inline float round_scale(const cfg_t* c, float s) {
+    if (c->sfmt == SF_BF16) {
+        uint32_t r = (f2u(s) + 0xFFFFu) & ~0xFFFFu;
+        return s != s ? s : u2f(r > BF16_MAX_BITS ? BF16_MAX_BITS : r);
+    }
+    return c->sfmt == SF_E8M0 ? e8m0_value(e8m0_code(s)) : s;
+}
+
+/* scale number i of a scale array (already on the format's grid) */
+static inline void put_scale(const cfg_t* c, uint8_t* p, int64_t i, float s) {
+    if (c->sfmt == SF_BF16) {
+        uint16_t h = (uint16_t)(f2u(s) >> 16);
+        memcpy(p + 2 * i, &h, 2);
+    } else if (c->sfmt == SF_E8M0) {
+        p[i] = (uint8_t)e8m0_code(s);
+    } else {
+        memcpy(p + 4 * i, &s, 4);
+    }
+}
+
+static inline float get_scale(const cfg_t* c, const uint8_t* p, int64_t i) {
+    if (c->sfmt == SF_BF16) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return u2f((uint32_t)h << 16);
+    }
+    if (c->sfmt == SF_E8M0) return e8m0_value(p[i]);
+    float f;
+    memcpy(&f, p + 4 * i, 4);
+    return f;
+}
+
+/* ---- bit-packed integer codes (formats.pack_bits): 8 codes of B bits in B bytes, LSB first ----
+   B = 8 is the plain int8 bytes and B = 4 the nibble layout (low nibble first). */
+/* codes c[i * cs], i < n (n a multiple of 8), two's complement -> the stream q */
+INLINE void pack_codes(const uint32_t* c, int64_t cs, int n, int B, uint8_t* q) {
+    if (B == 8) {
+        for (int i = 0; i < n; i++) q[i] = (uint8_t)c[i * cs];
+        return;
+    }
+    uint64_t m = (1u << B) - 1;
+    for (int i = 0; i < n; i += 8, q += B) {
+        uint64_t w = 0;
+        for (int k = 0; k < 8; k++) w |= (c[(i + k) * cs] & m) << (k * B);
+        for (int k = 0; k < B; k++) q[k] = (uint8_t)(w >> (8 * k));
+    }
+}
+
+/* the stream q -> v[i * vs] = code i * s, i < n (n a multiple of 8); codes sign-extended */
+INLINE void unpack_codes(const uint8_t* q, int n, int B, float s, float* v, int64_t vs) {
+    if (B == 8) {
+        for (int i = 0; i < n; i++) v[i * vs] = (float)(int8_t)q[i] * s;
+        return;
+    }
+    for (int i = 0; i < n; i += 8, q += B) {
+        uint64_t w = 0;
+        for (int k = 0; k < B; k++) w |= (uint64_t)q[k] << (8 * k);
+        for (int k = 0; k < 8; k++) { /* field k to the top of 32 bits, then back down, signed */
+            int32_t code = (int32_t)((uint32_t)(w >> (k * B)) << (32 - B)) >> (32 - B);
+            v[(i + k) * vs] = (float)code * s;
+        }
+    }
+}
 
 /* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale, whose
-   subnormal scales are rounded up on the 2^-149 grid: never 0, no saturated codes). */
+   subnormal scales are rounded up on the 2^-149 grid: never 0, no saturated codes), then rounded
+   up onto the scale format (as adaptive_scale's s_a): the value every code is divided by. */
 static inline float group_scale(const cfg_t* c, float amax) {
     float s;
     if (c->kind == 0) {
@@ -256,11 +337,11 @@ static inline float group_scale(const cfg_t* c, float amax) {
         if (s < 0x1p-126f) s = ceilf(amax / (qm * 0x1p-149f)) * 0x1p-149f; /* exact products */
         if (!(amax > 0.0f)) s = 1.0f;
     }
-    return isfinite(amax) ? s : NAN;
+    return round_scale(c, isfinite(amax) ? s : NAN);
 }
 
 static inline float adaptive_scale(const cfg_t* c, float sum_sq, int G) {
-    return clampf((1.0f / sqrtf(sum_sq / (float)G + c->lam)) * c->fmax, 1e-3f, 1e3f);
+    return round_scale(c, clampf((1.0f / sqrtf(sum_sq / (float)G + c->lam)) * c->fmax, 1e-3f, 1e3f));
 }
 
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0[4] (and s1[4]). */
@@ -278,30 +359,20 @@ INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint
     if (c->kind == 2) {
         uint32_t t[MAXG];
         for (int i = 0; i < G; i++) t[i] = int_bits(v[i] / s, c->qmax);
-        if (c->bits == 4)
-            for (int i = 0; i < G; i += 2) q[i / 2] = (uint8_t)((t[i] & 0xF) | ((t[i + 1] & 0xF) << 4));
-        else
-            for (int i = 0; i < G; i++) q[i] = (uint8_t)t[i];
+        pack_codes(t, 1, G, c->bits, q);
     } else {
         quant_fp8(v, s, c->fmax, c->fmt, q, G);
     }
-    put_f32(s0, s);
-    if (c->kind == 0) put_f32(s1, sa);
+    put_scale(c, s0, 0, s);
+    if (c->kind == 0) put_scale(c, s1, 0, sa);
 }
 
 /* Decode one group into v (fp32, G values). */
 INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
                          int G) {
-    float s = get_f32(s0), rg = (float)sqrt((double)G);
+    float s = get_scale(c, s0, 0), rg = (float)sqrt((double)G);
     if (c->kind == 2) {
-        if (c->bits == 4)
-            for (int i = 0; i < G; i += 2) {
-                int lo = q[i / 2] & 0xF, hi = q[i / 2] >> 4;
-                v[i] = (float)(lo - ((lo & 8) << 1)) * s;
-                v[i + 1] = (float)(hi - ((hi & 8) << 1)) * s;
-            }
-        else
-            for (int i = 0; i < G; i++) v[i] = (float)(int8_t)q[i] * s;
+        unpack_codes(q, G, c->bits, s, v, 1);
     } else {
         const float* lut = LUT[c->fmt]; /* a table gather beats the branchless decode here */
         for (int i = 0; i < G; i++) v[i] = lut[q[i]] * s;
@@ -311,7 +382,7 @@ INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, co
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     if (c->kind == 0) {
-        float sa = get_f32(s1);
+        float sa = get_scale(c, s1, 0);
         for (int i = 0; i < G; i++) v[i] /= sa;
     }
 }
@@ -442,12 +513,79 @@ INLINE __m512i int_bits16(__m512 t, float qmax) { /* int_bits of 16 values */
     return _mm512_cvttps_epi32(r);
 }
 
+/* ---- B-bit codes (B = 2, 3, 5, 6, 7), 16 at a time: 16 codes are 2B bytes of the stream ----- */
+typedef struct {
+    int B;
+    __m512i mask, lsh, bidx, bidx1; /* B-bit mask; unpack: 32 - B - bit offset, bytes of code k */
+    __m128i rsh, compact;           /* unpack: 32 - B; pack: bytes 0..B-1, 8..8+B-1 -> 0..2B-1 */
+} pack16_t;
+
+static pack16_t pack16_consts(int B) {
+    pack16_t k;
+    int32_t ls[16], bi[16], bi1[16];
+    int8_t cp[16];
+    for (int i = 0; i < 16; i++) {
+        ls[i] = 32 - B - (i * B & 7), bi[i] = i * B >> 3, bi1[i] = (i * B >> 3) + 1;
+        cp[i] = (int8_t)(i < B ? i : i < 2 * B ? 8 + i - B : -1);
+    }
+    k.B = B;
+    k.mask = _mm512_set1_epi32((1 << B) - 1);
+    k.lsh = _mm512_loadu_si512(ls), k.bidx = _mm512_loadu_si512(bi), k.bidx1 = _mm512_loadu_si512(bi1);
+    k.rsh = _mm_cvtsi32_si128(32 - B), k.compact = _mm_loadu_si128((const __m128i*)cp);
+    return k;
+}
+
+/* n < 16 bytes at p: masked (no access beyond them) where AVX512BW/VL allow, else through a copy */
+INLINE void store_bytes(uint8_t* p, __m128i v, int n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    _mm_mask_storeu_epi8(p, (__mmask16)((1u << n) - 1), v);
+#else
+    uint8_t b[16];
+    _mm_storeu_si128((__m128i*)b, v);
+    memcpy(p, b, (size_t)n);
+#endif
+}
+
+INLINE __m128i load_bytes(const uint8_t* p, int n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p);
+#else
+    uint8_t b[16] = {0};
+    memcpy(b, p, (size_t)n);
+    return _mm_loadu_si128((const __m128i*)b);
+#endif
+}
+
+/* 16 codes (int32 lanes, two's complement) -> 2B bytes at q: pairs merged in 64-bit lanes (2B
+   bits), narrowed to 16 bits, pairs of those merged in 32-bit lanes (4B bits), then in 64-bit lanes
+   (8 codes, B bytes each), the two B-byte runs made contiguous */
+INLINE void pack_store16(__m512i cd, const pack16_t* k, uint8_t* q) {
+    const int B = k->B;
+    cd = _mm512_and_si512(cd, k->mask);
+    __m128i w = _mm512_cvtepi64_epi16(_mm512_or_si512(cd, _mm512_srl_epi64(cd, _mm_cvtsi32_si128(32 - B))));
+    w = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi32(0xFFFF)),
+                     _mm_sll_epi32(_mm_srli_epi32(w, 16), _mm_cvtsi32_si128(2 * B)));
+    w = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi64x(0xFFFFFFFF)),
+                     _mm_sll_epi64(_mm_srli_epi64(w, 32), _mm_cvtsi32_si128(4 * B)));
+    store_bytes(q, _mm_shuffle_epi8(w, k->compact), 2 * B);
+}
+
+/* 2B bytes at q -> 16 sign-extended codes: code k spans bytes bidx[k], bidx[k] + 1 (B <= 8), moved
+   to the top of the lane, then arithmetically back down */
+INLINE __m512i unpack16(const uint8_t* q, const pack16_t* k) {
+    __m512i x = _mm512_cvtepu8_epi32(load_bytes(q, 2 * k->B)); /* lane j: byte j */
+    __m512i w = _mm512_or_si512(_mm512_permutexvar_epi32(k->bidx, x),
+                                _mm512_slli_epi32(_mm512_permutexvar_epi32(k->bidx1, x), 8));
+    return _mm512_sra_epi32(_mm512_sllv_epi32(w, k->lsh), k->rsh);
+}
+
 /* encode_batch's last step: codes of t / s (s: the 16 lanes' scales), 16 rows at a time in
    registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
 static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
     const __m512 vs = _mm512_loadu_ps(s);
     fp8c_t k = fp8_consts(c->fmt);
-    int bits4 = c->kind == 2 && c->bits == 4;
+    int bits4 = c->kind == 2 && c->bits == 4, packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
+    const pack16_t pk = pack16_consts(packed ? c->bits : 2);
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
         for (int j = 0; j < 16; j++) {
@@ -457,7 +595,9 @@ static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uin
         tr16(r);
         for (int l = 0; l < 16; l++) {
             __m512i cd = _mm512_castps_si512(r[l]);
-            if (bits4) {
+            if (packed) {
+                pack_store16(cd, &pk, q + l * pb + i0 * pk.B / 8);
+            } else if (bits4) {
                 cd = _mm512_and_si512(cd, _mm512_set1_epi32(0xF));
                 cd = _mm512_or_si512(cd, _mm512_srli_epi64(cd, 28)); /* odd nibble above the even one */
                 _mm_storel_epi64((__m128i*)(q + l * pb + i0 / 2), _mm512_cvtepi64_epi8(cd));
@@ -490,14 +630,16 @@ static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const 
     __m512 T[8];
     for (int k = 0; k < 8; k++) T[k] = _mm512_loadu_ps(LUT[c->fmt & 1] + 16 * k);
     const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    const int packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
+    const pack16_t pk = pack16_consts(packed ? c->bits : 2);
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
         for (int l = 0; l < 16; l++) {
             const uint8_t* ql = q + l * pb;
-            float sc;
-            memcpy(&sc, s0 + 4 * l, 4);
-            __m512 m, s = _mm512_set1_ps(sc);
-            if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
+            __m512 m, s = _mm512_set1_ps(get_scale(c, s0, l));
+            if (packed) {
+                m = _mm512_cvtepi32_ps(unpack16(ql + i0 * pk.B / 8, &pk));
+            } else if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
                 __m128i b = _mm_loadl_epi64((const __m128i*)(ql + i0 / 2));
                 __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
                 v = _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32(0xF));
@@ -706,7 +848,7 @@ static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const fl
 }
 #endif
 
-/* encode_group for L groups: payload of lane l at q + l * pb, scales at s0/s1 + 4 * l. */
+/* encode_group for L groups: payload of lane l at q + l * pb, its scales number l of s0/s1. */
 static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
                          uint8_t* s1) {
     float sa[L], s[L], amax[L];
@@ -756,16 +898,9 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
     }
     for (int l = 0; l < L; l++) {
-        uint8_t* ql = q + l * pb;
-        if (simd)
-            ;
-        else if (c->kind == 2 && c->bits == 4)
-            for (int i = 0; i < G; i += 2)
-                ql[i / 2] = (uint8_t)((code[i][l] & 0xF) | ((code[i + 1][l] & 0xF) << 4));
-        else
-            for (int i = 0; i < G; i++) ql[i] = (uint8_t)code[i][l];
-        put_f32(s0 + 4 * l, s[l]);
-        if (c->kind == 0) put_f32(s1 + 4 * l, sa[l]);
+        if (!simd) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
+        put_scale(c, s0, l, s[l]);
+        if (c->kind == 0) put_scale(c, s1, l, sa[l]);
     }
 }
 
@@ -788,15 +923,9 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
 #endif
     for (int l = 0; l < L; l++) {
         const uint8_t* ql = q + l * pb;
-        float s = get_f32(s0 + 4 * l);
-        if (c->kind == 2 && c->bits == 4) {
-            for (int i = 0; i < G; i += 2) {
-                int lo = ql[i / 2] & 0xF, hi = ql[i / 2] >> 4;
-                t[i][l] = (float)(lo - ((lo & 8) << 1)) * s;
-                t[i + 1][l] = (float)(hi - ((hi & 8) << 1)) * s;
-            }
-        } else if (c->kind == 2) {
-            for (int i = 0; i < G; i++) t[i][l] = (float)(int8_t)ql[i] * s;
+        float s = get_scale(c, s0, l);
+        if (c->kind == 2) {
+            unpack_codes(ql, G, c->bits, s, &t[0][l], L);
         } else {
             const float* lut = LUT[c->fmt];
             for (int i = 0; i < G; i++) t[i][l] = lut[ql[i]] * s;
@@ -804,7 +933,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     }
     float sa[L];
     if (c->kind == 0)
-        for (int l = 0; l < L; l++) sa[l] = get_f32(s1 + 4 * l);
+        for (int l = 0; l < L; l++) sa[l] = get_scale(c, s1, l);
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
         fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc);
@@ -861,31 +990,31 @@ static int64_t payload_bytes(const cfg_t* c) { return (int64_t)c->group * (c->ki
 static void encode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G; /* groups without padding */
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G; /* full: unpadded */
     lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
         load_batch(j->x, j->dt, g, G, t);
-        encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+        encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL);
     }
     float v[MAXG];
     for (; g < g1; g++) {
         load_group(j->x, j->dt, g * G, j->n, G, v);
-        encode_group(j->c, v, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
+        encode_group(j->c, v, j->q + g * pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL, G);
     }
 }
 
 static void decode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G;
     lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
-        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t, NULL);
+        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + sb * g, j->is1 ? j->is1 + sb * g : NULL, G, t, NULL);
         store_batch(t, j->dt, g, G, j->y);
     }
     float v[MAXG];
     for (; g < g1; g++) {
-        decode_group(j->c, j->iq + g * pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, v, G);
+        decode_group(j->c, j->iq + g * pb, j->is0 + sb * g, j->is1 ? j->is1 + sb * g : NULL, v, G);
         store_group(v, j->dt, g * G, j->n, G, j->y);
     }
 }
@@ -895,7 +1024,7 @@ static void dsum_groups(const job_t* j, int64_t g, int64_t g1);
 static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G;
     int nterms = j->nchunks + (j->own != NULL);
     lanes_t at[MAXG] ALIGN64, t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
@@ -905,13 +1034,13 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
                 if (tt > 0) add_lanes(at, t, G);
             } else {
                 int64_t o = (k++) * j->stride;
-                const uint8_t* s1 = j->is1 ? j->is1 + o + 4 * g : NULL;
-                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, tt == 0 ? at : t,
+                const uint8_t* s1 = j->is1 ? j->is1 + o + sb * g : NULL;
+                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + sb * g, s1, G, tt == 0 ? at : t,
                              tt == 0 ? NULL : at);
             }
         }
         if (j->sum) store_batch(at, j->sum_dt, g, G, j->sum);
-        if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+        if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL);
     }
     dsum_groups(j, g, g1);
 }
@@ -919,7 +1048,7 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
 /* dsum_range's single groups (ragged tails, the rest of a range) */
 static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int64_t g1) {
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c);
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c);
     int nterms = j->nchunks + (j->own != NULL);
     float acc[MAXG], v[MAXG];
     for (; g < g1; g++) {
@@ -929,7 +1058,7 @@ static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int
                 load_group(j->own, j->own_dt, g * G, j->n, G, v);
             } else {
                 int64_t o = (k++) * j->stride;
-                decode_group(j->c, j->iq + o + g * pb, j->is0 + o + 4 * g, j->is1 ? j->is1 + o + 4 * g : NULL,
+                decode_group(j->c, j->iq + o + g * pb, j->is0 + o + sb * g, j->is1 ? j->is1 + o + sb * g : NULL,
                              v, G);
             }
             if (t == 0) /* s = y_0 + y_1 + ...: the first term is taken as is (keeps -0) */
@@ -938,7 +1067,7 @@ static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int
                 for (int i = 0; i < G; i++) acc[i] += i < valid ? v[i] : 0.0f;
         }
         if (j->sum) store_group(acc, j->sum_dt, g * G, j->n, G, j->sum);
-        if (j->q) encode_group(j->c, acc, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
+        if (j->q) encode_group(j->c, acc, j->q + g * pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL, G);
     }
 }
 
