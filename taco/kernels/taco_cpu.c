@@ -186,21 +186,48 @@ INLINE void store_group(const float* v, int dt, int64_t base, int64_t n, int G, 
     }
 }
 
-/* Unnormalised Sylvester Walsh-Hadamard transform in place: v <- v @ H_G. */
-INLINE void fwht(float* v, int G) {
-    for (int i = 0; i < G; i += 4) { /* stages h = 1, 2 in registers */
-        float a = v[i], b = v[i + 1], c = v[i + 2], d = v[i + 3];
-        float s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-        v[i] = s0 + s1; v[i + 1] = d0 + d1; v[i + 2] = s0 - s1; v[i + 3] = d0 - d1;
-    }
-    for (int h = 4; h < G; h <<= 1)
-        for (int i = 0; i < G; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                float a = v[j], b = v[j + h];
-                v[j] = a + b;
-                v[j + h] = a - b;
-            }
+/* a + b with a as the first source where the target allows pinning it: when both are NaN, x86
+   returns the first, so the order (free for the compiler to swap) decides a NaN sum's sign */
+static inline float addf_first(float a, float b) {
+#if defined(__x86_64__) && defined(__AVX__)
+    float r;
+    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+#else
+    return a + b;
+#endif
 }
+
+static inline float mulf_first(float a, float b) { /* a * b, a the first source (as addf_first) */
+#if defined(__x86_64__) && defined(__AVX__)
+    float r;
+    __asm__("vmulss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+#else
+    return a * b;
+#endif
+}
+
+/* Unnormalised Sylvester Walsh-Hadamard transform in place: v <- v @ H_G. ADD(a, b): a + b, where
+   the order of two NaN operands decides the sum's sign: fwht leaves it to the compiler (encode),
+   fwht_a_first pins a first (decode: the signs the first build's compiler chose there). */
+#define FWHT(name, ADD)                                                                              \
+    INLINE void name(float* v, int G) {                                                              \
+        for (int i = 0; i < G; i += 4) { /* stages h = 1, 2 in registers */                          \
+            float a = v[i], b = v[i + 1], c = v[i + 2], d = v[i + 3];                                \
+            float s0 = ADD(a, b), d0 = a - b, s1 = ADD(c, d), d1 = c - d;                            \
+            v[i] = ADD(s0, s1), v[i + 1] = ADD(d0, d1), v[i + 2] = s0 - s1, v[i + 3] = d0 - d1;      \
+        }                                                                                            \
+        for (int h = 4; h < G; h <<= 1)                                                              \
+            for (int i = 0; i < G; i += 2 * h)                                                       \
+                for (int j = i; j < i + h; j++) {                                                    \
+                    float a = v[j], b = v[j + h];                                                    \
+                    v[j] = ADD(a, b), v[j + h] = a - b;                                              \
+                }                                                                                    \
+    }
+#define ADD_ANY(a, b) ((a) + (b))
+FWHT(fwht, ADD_ANY)
+FWHT(fwht_a_first, addf_first)
 
 /* sum of v[i]^2 in index order, ((v0^2 + v1^2) + v2^2) + ...: the order of encode_batch's
    lanes, so a group's s_a (and so its code) does not depend on which path encodes it. */
@@ -230,17 +257,6 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
     return v;
 }
 
-/* a + b with a as the first source where the target allows pinning it: when both are NaN, x86
-   returns the first, so the order (free for the compiler to swap) decides a NaN sum's sign */
-static inline float addf_first(float a, float b) {
-#if defined(__x86_64__) && defined(__AVX__)
-    float r;
-    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
-    return r;
-#else
-    return a + b;
-#endif
-}
 
 /* ---- scale formats (taco.codec.scales): fp32; bf16 and e8m0, rounded UP onto their grid -------
    Pure integer steps on the fp32 bits, the reference's, so scales are byte-identical; a NaN scale
@@ -337,18 +353,26 @@ static inline float group_scale(const cfg_t* c, float amax) {
         if (s < 0x1p-126f) s = ceilf(amax / (qm * 0x1p-149f)) * 0x1p-149f; /* exact products */
         if (!(amax > 0.0f)) s = 1.0f;
     }
-    return round_scale(c, isfinite(amax) ? s : NAN);
+    return isfinite(amax) ? s : NAN;
 }
 
 static inline float adaptive_scale(const cfg_t* c, float sum_sq, int G) {
-    return round_scale(c, clampf((1.0f / sqrtf(sum_sq / (float)G + c->lam)) * c->fmax, 1e-3f, 1e3f));
+    return clampf((1.0f / sqrtf(sum_sq / (float)G + c->lam)) * c->fmax, 1e-3f, 1e3f);
 }
 
-/* Encode one group held in v (fp32, modified): payload to q, scales to s0[4] (and s1[4]). */
-INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G) {
+/* Whether a codec needs the general group code (scale formats, B-bit packing): the codecs of the
+   first kernels (fp32 scales, int8/int4 codes) keep their own copy of it, compiled as before, so
+   that even the signs of their NaNs (which operand of a NaN + NaN the compiler puts first) stay
+   those of that build (benchmarks/native_simd_check.py compares them byte for byte). */
+static inline int lean(const cfg_t* c) { return c->sfmt != SF_F32 || (c->kind == 2 && c->bits != 4 && c->bits != 8); }
+
+/* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
+   general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
+INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G, const int LEAN) {
     float rg = (float)sqrt((double)G), s, sa = 0.0f;
     if (c->kind == 0) { /* adaptive scale: s_a = clamp(FMAX / sqrt(mean(x^2) + lam), 1e-3, 1e3) */
         sa = adaptive_scale(c, sum_squares(v, G), G);
+        if (LEAN) sa = round_scale(c, sa);
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
     if (c->rotate) {
@@ -356,35 +380,76 @@ INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     s = group_scale(c, abs_max(v, G));
+    if (LEAN) s = round_scale(c, s);
     if (c->kind == 2) {
         uint32_t t[MAXG];
         for (int i = 0; i < G; i++) t[i] = int_bits(v[i] / s, c->qmax);
-        pack_codes(t, 1, G, c->bits, q);
+        if (LEAN)
+            pack_codes(t, 1, G, c->bits, q);
+        else if (c->bits == 4)
+            for (int i = 0; i < G; i += 2) q[i / 2] = (uint8_t)((t[i] & 0xF) | ((t[i + 1] & 0xF) << 4));
+        else
+            for (int i = 0; i < G; i++) q[i] = (uint8_t)t[i];
     } else {
         quant_fp8(v, s, c->fmax, c->fmt, q, G);
     }
-    put_scale(c, s0, 0, s);
-    if (c->kind == 0) put_scale(c, s1, 0, sa);
+    if (LEAN) {
+        put_scale(c, s0, 0, s);
+        if (c->kind == 0) put_scale(c, s1, 0, sa);
+    } else {
+        memcpy(s0, &s, 4);
+        if (c->kind == 0) memcpy(s1, &sa, 4);
+    }
 }
 
 /* Decode one group into v (fp32, G values). */
-INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
-                         int G) {
-    float s = get_scale(c, s0, 0), rg = (float)sqrt((double)G);
-    if (c->kind == 2) {
+INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
+                           int G, const int LEAN) {
+    float s = LEAN ? get_scale(c, s0, 0) : get_scale(&(cfg_t){0}, s0, 0), rg = (float)sqrt((double)G);
+    if (LEAN && c->kind == 2) {
         unpack_codes(q, G, c->bits, s, v, 1);
+    } else if (c->kind == 2) {
+        if (c->bits == 4)
+            for (int i = 0; i < G; i += 2) {
+                int lo = q[i / 2] & 0xF, hi = q[i / 2] >> 4;
+                v[i] = (float)(lo - ((lo & 8) << 1)) * s;
+                v[i + 1] = (float)(hi - ((hi & 8) << 1)) * s;
+            }
+        else
+            for (int i = 0; i < G; i++) v[i] = (float)(int8_t)q[i] * s;
     } else {
         const float* lut = LUT[c->fmt]; /* a table gather beats the branchless decode here */
-        for (int i = 0; i < G; i++) v[i] = lut[q[i]] * s;
+        for (int i = 0; i < G; i++) v[i] = mulf_first(lut[q[i]], s); /* NaN x NaN: the code's */
     }
     if (c->rotate) {
-        fwht(v, G);
+        fwht_a_first(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     if (c->kind == 0) {
-        float sa = get_scale(c, s1, 0);
+        float sa = LEAN ? get_scale(c, s1, 0) : get_scale(&(cfg_t){0}, s1, 0);
         for (int i = 0; i < G; i++) v[i] /= sa;
     }
+}
+
+static __attribute__((noinline)) void encode_group_lean(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0,
+                                                        uint8_t* s1, int G) {
+    encode_group_t(c, v, q, s0, s1, G, 1);
+}
+
+static __attribute__((noinline)) void decode_group_lean(const cfg_t* c, const uint8_t* q, const uint8_t* s0,
+                                                        const uint8_t* s1, float* v, int G) {
+    decode_group_t(c, q, s0, s1, v, G, 1);
+}
+
+INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G) {
+    if (lean(c)) encode_group_lean(c, v, q, s0, s1, G);
+    else encode_group_t(c, v, q, s0, s1, G, 0);
+}
+
+INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
+                         int G) {
+    if (lean(c)) decode_group_lean(c, q, s0, s1, v, G);
+    else decode_group_t(c, q, s0, s1, v, G, 0);
 }
 
 /* ---- lane-parallel batches: L whole groups at once, t[i][l] = element i of group l ----------
@@ -856,7 +921,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         float acc[L] = {0};
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
-        for (int l = 0; l < L; l++) sa[l] = adaptive_scale(c, acc[l], G);
+        for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
     }
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
@@ -882,7 +947,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
                 nan[l] |= a != a;
             }
     }
-    for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
+    for (int l = 0; l < L; l++) s[l] = round_scale(c, group_scale(c, nan[l] ? NAN : amax[l]));
     int simd = SIMD16 && G % 16 == 0;
     uint32_t code[MAXG][L] ALIGN64;
     if (simd) {
