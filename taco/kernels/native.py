@@ -161,7 +161,9 @@ def cfg(
     scale_fmt: str = "fp32",
 ) -> Cfg:
     """One codec configuration for the C entry points."""
-    return Cfg(KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax, SFMT[scale_fmt])
+    return Cfg(
+        KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax, SFMT[scale_fmt]
+    )
 
 
 # -- the backend ----------------------------------------------------------------------------------
