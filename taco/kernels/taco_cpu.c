@@ -20,7 +20,13 @@
  * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
  * (built with -ffp-contract=off): the only differences from the reference are summation orders
  * (the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
- * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). Within this backend a
+ * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). So codes are the
+ * reference's wherever those sums are exact (e.g. small integer inputs; with lean scales the
+ * products by s_a are exact too, so taco's as well), else within one step; scales byte-identical
+ * but for an fp32 ulp of the absmax (lean formats: unless that ulp crosses one of their grid points).
+ * Integer codes of B = 2..8 bits are packed LSB first (8 codes in B bytes; formats.pack_bits); scale
+ * formats fp32, bf16 and e8m0 (scales.py: rounded UP onto the format's grid before use, by the
+ * same integer steps, NaN kept). Within this backend a
  * group's bytes depend on the group alone: the 16-group batches and the single-group path (ragged
  * tails, the rest of a thread's range) do the same operations in the same order, the sum of
  * squares included (index order), so neither the thread count nor a group's neighbours matter.
@@ -31,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One codec configuration; mirrors `_Cfg` in native.py. */
+/* One codec configuration; mirrors `Cfg` in native.py. */
 typedef struct {
     int32_t kind;   /* 0 taco (dual scale), 1 fp8 (one scale), 2 int (one scale) */
     int32_t group;  /* G: 32..512, a power of two */
@@ -284,6 +290,9 @@ static inline float round_scale(const cfg_t* c, float s) {
     return c->sfmt == SF_E8M0 ? e8m0_value(e8m0_code(s)) : s;
 }
 
+static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
+static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
+
 /* scale number i of a scale array (already on the format's grid) */
 static inline void put_scale(const cfg_t* c, uint8_t* p, int64_t i, float s) {
     if (c->sfmt == SF_BF16) {
@@ -397,15 +406,15 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         put_scale(c, s0, 0, s);
         if (c->kind == 0) put_scale(c, s1, 0, sa);
     } else {
-        memcpy(s0, &s, 4);
-        if (c->kind == 0) memcpy(s1, &sa, 4);
+        put_f32(s0, s);
+        if (c->kind == 0) put_f32(s1, sa);
     }
 }
 
 /* Decode one group into v (fp32, G values). */
 INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
                            int G, const int LEAN) {
-    float s = LEAN ? get_scale(c, s0, 0) : get_scale(&(cfg_t){0}, s0, 0), rg = (float)sqrt((double)G);
+    float s = LEAN ? get_scale(c, s0, 0) : get_f32(s0), rg = (float)sqrt((double)G);
     if (LEAN && c->kind == 2) {
         unpack_codes(q, G, c->bits, s, v, 1);
     } else if (c->kind == 2) {
@@ -426,7 +435,7 @@ INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, 
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     if (c->kind == 0) {
-        float sa = LEAN ? get_scale(c, s1, 0) : get_scale(&(cfg_t){0}, s1, 0);
+        float sa = LEAN ? get_scale(c, s1, 0) : get_f32(s1);
         for (int i = 0; i < G; i++) v[i] /= sa;
     }
 }
