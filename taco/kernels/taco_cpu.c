@@ -216,8 +216,20 @@ static inline float mulf_first(float a, float b) { /* a * b, a the first source 
 
 /* Unnormalised Sylvester Walsh-Hadamard transform in place: v <- v @ H_G. ADD(a, b): a + b, where
    the order of two NaN operands decides the sum's sign: fwht leaves it to the compiler (encode),
-   fwht_a_first pins a first (decode: the signs the first build's compiler chose there). */
-#define FWHT(name, ADD)                                                                              \
+   fwht_a_first pins a first (decode: the signs the first build's compiler chose there); with
+   AVX-512 its strides >= 16 go 16 lanes at a time (ADD16, also a first). */
+#if defined(__AVX512F__)
+typedef float f16_t __attribute__((vector_size(64)));
+#define HAVE_F16 1
+static inline f16_t add16_first(f16_t a, f16_t b) {
+    f16_t r;
+    __asm__("vaddps %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+}
+#else
+#define HAVE_F16 0
+#endif
+#define FWHT(name, ADD, WIDE)                                                                        \
     INLINE void name(float* v, int G) {                                                              \
         for (int i = 0; i < G; i += 4) { /* stages h = 1, 2 in registers */                          \
             float a = v[i], b = v[i + 1], c = v[i + 2], d = v[i + 3];                                \
@@ -225,15 +237,29 @@ static inline float mulf_first(float a, float b) { /* a * b, a the first source 
             v[i] = ADD(s0, s1), v[i + 1] = ADD(d0, d1), v[i + 2] = s0 - s1, v[i + 3] = d0 - d1;      \
         }                                                                                            \
         for (int h = 4; h < G; h <<= 1)                                                              \
-            for (int i = 0; i < G; i += 2 * h)                                                       \
-                for (int j = i; j < i + h; j++) {                                                    \
+            for (int i = 0; i < G; i += 2 * h) {                                                     \
+                int j = i;                                                                           \
+                if (WIDE && h >= 16) FWHT16(v, j, i + h, h);                                         \
+                for (; j < i + h; j++) {                                                             \
                     float a = v[j], b = v[j + h];                                                    \
                     v[j] = ADD(a, b), v[j + h] = a - b;                                              \
                 }                                                                                    \
+            }                                                                                        \
     }
+#if HAVE_F16
+#define FWHT16(v, j, end, h)                                                                         \
+    for (; j < end; j += 16) {                                                                       \
+        f16_t a, b, s;                                                                               \
+        memcpy(&a, v + j, 64), memcpy(&b, v + j + h, 64);                                            \
+        s = add16_first(a, b), b = a - b;                                                            \
+        memcpy(v + j, &s, 64), memcpy(v + j + h, &b, 64);                                            \
+    }
+#else
+#define FWHT16(v, j, end, h) (void)0
+#endif
 #define ADD_ANY(a, b) ((a) + (b))
-FWHT(fwht, ADD_ANY)
-FWHT(fwht_a_first, addf_first)
+FWHT(fwht, ADD_ANY, 0)
+FWHT(fwht_a_first, addf_first, HAVE_F16)
 
 /* sum of v[i]^2 in index order, ((v0^2 + v1^2) + v2^2) + ...: the order of encode_batch's
    lanes, so a group's s_a (and so its code) does not depend on which path encodes it. */
