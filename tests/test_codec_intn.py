@@ -129,14 +129,18 @@ def test_lean_scales_round_up_onto_their_grid():
 
 
 # -- backends ------------------------------------------------------------------------------------
-def test_native_declines_what_it_does_not_implement():
+def test_native_serves_every_width_and_scale_format():
+    """Every intB-hadamard width and scale format runs the C kernels (tests/test_kernels_native_intn.py
+    checks them against eager); codecs outside the group families still fall back to eager."""
     if native.library() is None:
         pytest.skip("no C compiler: native kernels not built")
     cpu = torch.device("cpu")
     nb = native.NativeBackend()
-    assert nb.supports(codec(8), cpu) and nb.supports(codec(4), cpu)
-    assert not nb.supports(codec(6), cpu) and not nb.supports(codec(8, scale_fmt="bf16"), cpu)
-    assert codec(6, backend="native").kernel(cpu).name == "eager"  # falls back, same results
+    for bits in WIDTHS:
+        for sfmt in SFMTS:
+            assert nb.supports(codec(bits, scale_fmt=sfmt), cpu), f"int{bits} {sfmt}"
+    assert codec(6, backend="native").kernel(cpu).name == "native"
+    assert not nb.supports(taco.get_codec("fp8-tensor"), cpu)
 
 
 def triton_or_skip() -> None:

@@ -39,6 +39,7 @@ FLAGS = ["-O3", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-
 KIND = {"taco": 0, "fp8": 1, "int": 2}
 FMT = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
 DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+SFMT = {"fp32": 0, "bf16": 1, "e8m0": 2}
 
 
 class Cfg(ctypes.Structure):
@@ -54,6 +55,7 @@ class Cfg(ctypes.Structure):
         ("lam", ctypes.c_float),
         ("target", ctypes.c_float),
         ("qmax", ctypes.c_float),
+        ("sfmt", ctypes.c_int32),  # last: a build of an older source reads the prefix
     ]
 
 
@@ -156,9 +158,12 @@ def cfg(
     target: float = 1.0,
     qmax: float = 0.0,
     bits: int = 8,
+    scale_fmt: str = "fp32",
 ) -> Cfg:
     """One codec configuration for the C entry points."""
-    return Cfg(KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax)
+    return Cfg(
+        KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax, SFMT[scale_fmt]
+    )
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -166,29 +171,32 @@ def codec_cfg(codec) -> Cfg:
     """The C configuration of a GroupCodec instance (taco, taco-1s, fp8-group, int*), made once."""
     c = codec.__dict__.get("_native_cfg")
     if c is None:
-        fam, g = codec.family, codec.group_size
+        fam, g, sf = codec.family, codec.group_size, codec.scale_fmt
         if fam == "taco":
-            c = cfg("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target)
+            c = cfg("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target, scale_fmt=sf)
         elif fam == "fp8":
-            c = cfg("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax)
+            c = cfg("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax, scale_fmt=sf)
         else:
-            c = cfg("int", g, codec.rotate, qmax=float(codec.qmax), bits=codec.bits)
+            c = cfg("int", g, codec.rotate, qmax=float(codec.qmax), bits=codec.bits, scale_fmt=sf)
         codec.__dict__["_native_cfg"] = c
     return c
 
 
 def implements(codec) -> bool:
-    """Whether the C kernels implement this codec: the taco/fp8/int families, 8-bit codes or int4
-    nibbles, fp32 scales, G in 8..512. Other widths and scale formats run the eager reference."""
+    """Whether the C kernels implement this codec: the taco/fp8/int families (taco, taco-1s,
+    fp8-group, int8-group, int2..int8-hadamard: B-bit codes packed LSB first), each with fp32, bf16
+    or e8m0 scales, G in 8..512. Anything else runs the eager reference."""
     fam, g = getattr(codec, "family", None), getattr(codec, "group_size", 0)
     ok = fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
-    return ok and getattr(codec, "bits", 8) in (4, 8) and getattr(codec, "scale_fmt", "fp32") == "fp32"
+    bits = getattr(codec, "bits", 8)
+    ok = ok and (2 <= bits <= 8 if fam == "int" else bits == 8)
+    return ok and getattr(codec, "scale_fmt", "fp32") in SFMT
 
 
 def _offsets(codec, base: int, ng: int) -> tuple[int, int, int | None]:
     """Addresses of payload, scale 0 and scale 1 (None) of one chunk starting at `base`."""
     p = ng * codec.group_size * codec.bits // 8
-    return base, base + p, (base + p + 4 * ng if codec.n_scales == 2 else None)
+    return base, base + p, (base + p + codec.scale_bytes * ng if codec.n_scales == 2 else None)
 
 
 class NativeBackend(KernelBackend):

@@ -20,7 +20,13 @@
  * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
  * (built with -ffp-contract=off): the only differences from the reference are summation orders
  * (the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
- * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). Within this backend a
+ * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). So codes are the
+ * reference's wherever those sums are exact (e.g. small integer inputs; with lean scales the
+ * products by s_a are exact too, so taco's as well), else within one step; scales byte-identical
+ * but for an fp32 ulp of the absmax (lean formats: unless that ulp crosses one of their grid points).
+ * Integer codes of B = 2..8 bits are packed LSB first (8 codes in B bytes; formats.pack_bits); scale
+ * formats fp32, bf16 and e8m0 (scales.py: rounded UP onto the format's grid before use, by the
+ * same integer steps, NaN kept). Within this backend a
  * group's bytes depend on the group alone: the 16-group batches and the single-group path (ragged
  * tails, the rest of a thread's range) do the same operations in the same order, the sum of
  * squares included (index order), so neither the thread count nor a group's neighbours matter.
@@ -31,17 +37,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One codec configuration; mirrors `_Cfg` in native.py. */
+/* One codec configuration; mirrors `Cfg` in native.py. */
 typedef struct {
     int32_t kind;   /* 0 taco (dual scale), 1 fp8 (one scale), 2 int (one scale) */
     int32_t group;  /* G: 32..512, a power of two */
     int32_t rotate; /* apply the Walsh-Hadamard transform (taco: always) */
     int32_t fmt;    /* fp8 payload: 0 e4m3fn, 1 e5m2 */
-    int32_t bits;   /* int payload: 8, or 4 (two's-complement nibbles, low nibble first) */
+    int32_t bits;   /* int payload: B = 2..8 bits per two's-complement code, packed LSB first */
     float fmax;     /* fp8 clamp FMAX */
     float lam;      /* taco: lambda of the adaptive scale */
     float target;   /* taco: target range T of s_q */
     float qmax;     /* int: largest code magnitude */
+    int32_t sfmt;   /* scale format: 0 fp32, 1 bf16, 2 e8m0 (last: older builds read the prefix) */
 } cfg_t;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -185,21 +192,74 @@ INLINE void store_group(const float* v, int dt, int64_t base, int64_t n, int G, 
     }
 }
 
-/* Unnormalised Sylvester Walsh-Hadamard transform in place: v <- v @ H_G. */
-INLINE void fwht(float* v, int G) {
-    for (int i = 0; i < G; i += 4) { /* stages h = 1, 2 in registers */
-        float a = v[i], b = v[i + 1], c = v[i + 2], d = v[i + 3];
-        float s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-        v[i] = s0 + s1; v[i + 1] = d0 + d1; v[i + 2] = s0 - s1; v[i + 3] = d0 - d1;
-    }
-    for (int h = 4; h < G; h <<= 1)
-        for (int i = 0; i < G; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                float a = v[j], b = v[j + h];
-                v[j] = a + b;
-                v[j + h] = a - b;
-            }
+/* a + b with a as the first source where the target allows pinning it: when both are NaN, x86
+   returns the first, so the order (free for the compiler to swap) decides a NaN sum's sign */
+static inline float addf_first(float a, float b) {
+#if defined(__x86_64__) && defined(__AVX__)
+    float r;
+    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+#else
+    return a + b;
+#endif
 }
+
+static inline float mulf_first(float a, float b) { /* a * b, a the first source (as addf_first) */
+#if defined(__x86_64__) && defined(__AVX__)
+    float r;
+    __asm__("vmulss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+#else
+    return a * b;
+#endif
+}
+
+/* Unnormalised Sylvester Walsh-Hadamard transform in place: v <- v @ H_G. ADD(a, b): a + b, where
+   the order of two NaN operands decides the sum's sign: fwht leaves it to the compiler (encode),
+   fwht_a_first pins a first (decode: the signs the first build's compiler chose there); with
+   AVX-512 its strides >= 16 go 16 lanes at a time (ADD16, also a first). */
+#if defined(__AVX512F__)
+typedef float f16_t __attribute__((vector_size(64)));
+#define HAVE_F16 1
+static inline f16_t add16_first(f16_t a, f16_t b) {
+    f16_t r;
+    __asm__("vaddps %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+    return r;
+}
+#else
+#define HAVE_F16 0
+#endif
+#define FWHT(name, ADD, WIDE)                                                                        \
+    INLINE void name(float* v, int G) {                                                              \
+        for (int i = 0; i < G; i += 4) { /* stages h = 1, 2 in registers */                          \
+            float a = v[i], b = v[i + 1], c = v[i + 2], d = v[i + 3];                                \
+            float s0 = ADD(a, b), d0 = a - b, s1 = ADD(c, d), d1 = c - d;                            \
+            v[i] = ADD(s0, s1), v[i + 1] = ADD(d0, d1), v[i + 2] = s0 - s1, v[i + 3] = d0 - d1;      \
+        }                                                                                            \
+        for (int h = 4; h < G; h <<= 1)                                                              \
+            for (int i = 0; i < G; i += 2 * h) {                                                     \
+                int j = i;                                                                           \
+                if (WIDE && h >= 16) FWHT16(v, j, i + h, h);                                         \
+                for (; j < i + h; j++) {                                                             \
+                    float a = v[j], b = v[j + h];                                                    \
+                    v[j] = ADD(a, b), v[j + h] = a - b;                                              \
+                }                                                                                    \
+            }                                                                                        \
+    }
+#if HAVE_F16
+#define FWHT16(v, j, end, h)                                                                         \
+    for (; j < end; j += 16) {                                                                       \
+        f16_t a, b, s;                                                                               \
+        memcpy(&a, v + j, 64), memcpy(&b, v + j + h, 64);                                            \
+        s = add16_first(a, b), b = a - b;                                                            \
+        memcpy(v + j, &s, 64), memcpy(v + j + h, &b, 64);                                            \
+    }
+#else
+#define FWHT16(v, j, end, h) (void)0
+#endif
+#define ADD_ANY(a, b) ((a) + (b))
+FWHT(fwht, ADD_ANY, 0)
+FWHT(fwht_a_first, addf_first, HAVE_F16)
 
 /* sum of v[i]^2 in index order, ((v0^2 + v1^2) + v2^2) + ...: the order of encode_batch's
    lanes, so a group's s_a (and so its code) does not depend on which path encodes it. */
@@ -229,23 +289,95 @@ static inline float clampf(float v, float lo, float hi) { /* keeps NaN, like tor
     return v;
 }
 
-/* a + b with a as the first source where the target allows pinning it: when both are NaN, x86
-   returns the first, so the order (free for the compiler to swap) decides a NaN sum's sign */
-static inline float addf_first(float a, float b) {
-#if defined(__x86_64__) && defined(__AVX__)
-    float r;
-    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
-    return r;
-#else
-    return a + b;
-#endif
+
+/* ---- scale formats (taco.codec.scales): fp32; bf16 and e8m0, rounded UP onto their grid -------
+   Pure integer steps on the fp32 bits, the reference's, so scales are byte-identical; a NaN scale
+   (non-finite group) stays NaN in every format. Stored unaligned-safe, `scale_size` bytes each. */
+enum { SF_F32 = 0, SF_BF16 = 1, SF_E8M0 = 2 };
+#define BF16_MAX_BITS 0x7F7F0000u /* bf16's largest finite value, as fp32 bits */
+
+static inline int scale_size(const cfg_t* c) { return c->sfmt == SF_BF16 ? 2 : c->sfmt == SF_E8M0 ? 1 : 4; }
+
+static inline uint32_t e8m0_code(float s) { /* byte b of the smallest 2^(b - 127) >= s, <= 254; NaN 255 */
+    uint32_t u = f2u(s), e = (u >> 23) & 0xFF, m = u & 0x7FFFFF;
+    uint32_t b = e == 0 ? (uint32_t)(m > 0x400000) : e + (m != 0);
+    b = b > 254 ? 254 : b;
+    return s != s ? 255u : b;
+}
+
+static inline float e8m0_value(uint32_t b) { return b == 255 ? NAN : u2f(b == 0 ? 0x400000u : b << 23); }
+
+/* s (> 0 or NaN) -> the smallest value of the scale format >= s (capped at its largest) */
+static inline float round_scale(const cfg_t* c, float s) {
+    if (c->sfmt == SF_BF16) {
+        uint32_t r = (f2u(s) + 0xFFFFu) & ~0xFFFFu;
+        return s != s ? s : u2f(r > BF16_MAX_BITS ? BF16_MAX_BITS : r);
+    }
+    return c->sfmt == SF_E8M0 ? e8m0_value(e8m0_code(s)) : s;
 }
 
 static inline void put_f32(uint8_t* p, float f) { memcpy(p, &f, 4); }
 static inline float get_f32(const uint8_t* p) { float f; memcpy(&f, p, 4); return f; }
 
+/* scale number i of a scale array (already on the format's grid) */
+static inline void put_scale(const cfg_t* c, uint8_t* p, int64_t i, float s) {
+    if (c->sfmt == SF_BF16) {
+        uint16_t h = (uint16_t)(f2u(s) >> 16);
+        memcpy(p + 2 * i, &h, 2);
+    } else if (c->sfmt == SF_E8M0) {
+        p[i] = (uint8_t)e8m0_code(s);
+    } else {
+        memcpy(p + 4 * i, &s, 4);
+    }
+}
+
+static inline float get_scale(const cfg_t* c, const uint8_t* p, int64_t i) {
+    if (c->sfmt == SF_BF16) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return u2f((uint32_t)h << 16);
+    }
+    if (c->sfmt == SF_E8M0) return e8m0_value(p[i]);
+    float f;
+    memcpy(&f, p + 4 * i, 4);
+    return f;
+}
+
+/* ---- bit-packed integer codes (formats.pack_bits): 8 codes of B bits in B bytes, LSB first ----
+   B = 8 is the plain int8 bytes and B = 4 the nibble layout (low nibble first). */
+/* codes c[i * cs], i < n (n a multiple of 8), two's complement -> the stream q */
+INLINE void pack_codes(const uint32_t* c, int64_t cs, int n, int B, uint8_t* q) {
+    if (B == 8) {
+        for (int i = 0; i < n; i++) q[i] = (uint8_t)c[i * cs];
+        return;
+    }
+    uint64_t m = (1u << B) - 1;
+    for (int i = 0; i < n; i += 8, q += B) {
+        uint64_t w = 0;
+        for (int k = 0; k < 8; k++) w |= (c[(i + k) * cs] & m) << (k * B);
+        for (int k = 0; k < B; k++) q[k] = (uint8_t)(w >> (8 * k));
+    }
+}
+
+/* the stream q -> v[i * vs] = code i * s, i < n (n a multiple of 8); codes sign-extended */
+INLINE void unpack_codes(const uint8_t* q, int n, int B, float s, float* v, int64_t vs) {
+    if (B == 8) {
+        for (int i = 0; i < n; i++) v[i * vs] = (float)(int8_t)q[i] * s;
+        return;
+    }
+    for (int i = 0; i < n; i += 8, q += B) {
+        uint64_t w = 0;
+        for (int k = 0; k < B; k++) w |= (uint64_t)q[k] << (8 * k);
+        for (int k = 0; k < 8; k++) { /* field k to the top of 32 bits, then back down, signed */
+            int32_t code = (int32_t)((uint32_t)(w >> (k * B)) << (32 - B)) >> (32 - B);
+            v[(i + k) * vs] = (float)code * s;
+        }
+    }
+}
+
 /* The quantization scale of a group from its absmax (taco: s_q; others: absmax_scale, whose
-   subnormal scales are rounded up on the 2^-149 grid: never 0, no saturated codes). */
+   subnormal scales are rounded up on the 2^-149 grid: never 0, no saturated codes), then rounded
+   up onto the scale format (as adaptive_scale's s_a): the value every code is divided by. */
 static inline float group_scale(const cfg_t* c, float amax) {
     float s;
     if (c->kind == 0) {
@@ -263,11 +395,19 @@ static inline float adaptive_scale(const cfg_t* c, float sum_sq, int G) {
     return clampf((1.0f / sqrtf(sum_sq / (float)G + c->lam)) * c->fmax, 1e-3f, 1e3f);
 }
 
-/* Encode one group held in v (fp32, modified): payload to q, scales to s0[4] (and s1[4]). */
-INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G) {
+/* Whether a codec needs the general group code (scale formats, B-bit packing): the codecs of the
+   first kernels (fp32 scales, int8/int4 codes) keep their own copy of it, compiled as before, so
+   that even the signs of their NaNs (which operand of a NaN + NaN the compiler puts first) stay
+   those of that build (benchmarks/native_simd_check.py compares them byte for byte). */
+static inline int lean(const cfg_t* c) { return c->sfmt != SF_F32 || (c->kind == 2 && c->bits != 4 && c->bits != 8); }
+
+/* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
+   general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
+INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G, const int LEAN) {
     float rg = (float)sqrt((double)G), s, sa = 0.0f;
     if (c->kind == 0) { /* adaptive scale: s_a = clamp(FMAX / sqrt(mean(x^2) + lam), 1e-3, 1e3) */
         sa = adaptive_scale(c, sum_squares(v, G), G);
+        if (LEAN) sa = round_scale(c, sa);
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
     if (c->rotate) {
@@ -275,25 +415,35 @@ INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     s = group_scale(c, abs_max(v, G));
+    if (LEAN) s = round_scale(c, s);
     if (c->kind == 2) {
         uint32_t t[MAXG];
         for (int i = 0; i < G; i++) t[i] = int_bits(v[i] / s, c->qmax);
-        if (c->bits == 4)
+        if (LEAN)
+            pack_codes(t, 1, G, c->bits, q);
+        else if (c->bits == 4)
             for (int i = 0; i < G; i += 2) q[i / 2] = (uint8_t)((t[i] & 0xF) | ((t[i + 1] & 0xF) << 4));
         else
             for (int i = 0; i < G; i++) q[i] = (uint8_t)t[i];
     } else {
         quant_fp8(v, s, c->fmax, c->fmt, q, G);
     }
-    put_f32(s0, s);
-    if (c->kind == 0) put_f32(s1, sa);
+    if (LEAN) {
+        put_scale(c, s0, 0, s);
+        if (c->kind == 0) put_scale(c, s1, 0, sa);
+    } else {
+        put_f32(s0, s);
+        if (c->kind == 0) put_f32(s1, sa);
+    }
 }
 
 /* Decode one group into v (fp32, G values). */
-INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
-                         int G) {
-    float s = get_f32(s0), rg = (float)sqrt((double)G);
-    if (c->kind == 2) {
+INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
+                           int G, const int LEAN) {
+    float s = LEAN ? get_scale(c, s0, 0) : get_f32(s0), rg = (float)sqrt((double)G);
+    if (LEAN && c->kind == 2) {
+        unpack_codes(q, G, c->bits, s, v, 1);
+    } else if (c->kind == 2) {
         if (c->bits == 4)
             for (int i = 0; i < G; i += 2) {
                 int lo = q[i / 2] & 0xF, hi = q[i / 2] >> 4;
@@ -304,16 +454,37 @@ INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, co
             for (int i = 0; i < G; i++) v[i] = (float)(int8_t)q[i] * s;
     } else {
         const float* lut = LUT[c->fmt]; /* a table gather beats the branchless decode here */
-        for (int i = 0; i < G; i++) v[i] = lut[q[i]] * s;
+        for (int i = 0; i < G; i++) v[i] = mulf_first(lut[q[i]], s); /* NaN x NaN: the code's */
     }
     if (c->rotate) {
-        fwht(v, G);
+        fwht_a_first(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     if (c->kind == 0) {
-        float sa = get_f32(s1);
+        float sa = LEAN ? get_scale(c, s1, 0) : get_f32(s1);
         for (int i = 0; i < G; i++) v[i] /= sa;
     }
+}
+
+static __attribute__((noinline)) void encode_group_lean(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0,
+                                                        uint8_t* s1, int G) {
+    encode_group_t(c, v, q, s0, s1, G, 1);
+}
+
+static __attribute__((noinline)) void decode_group_lean(const cfg_t* c, const uint8_t* q, const uint8_t* s0,
+                                                        const uint8_t* s1, float* v, int G) {
+    decode_group_t(c, q, s0, s1, v, G, 1);
+}
+
+INLINE void encode_group(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G) {
+    if (lean(c)) encode_group_lean(c, v, q, s0, s1, G);
+    else encode_group_t(c, v, q, s0, s1, G, 0);
+}
+
+INLINE void decode_group(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
+                         int G) {
+    if (lean(c)) decode_group_lean(c, q, s0, s1, v, G);
+    else decode_group_t(c, q, s0, s1, v, G, 0);
 }
 
 /* ---- lane-parallel batches: L whole groups at once, t[i][l] = element i of group l ----------
@@ -442,12 +613,79 @@ INLINE __m512i int_bits16(__m512 t, float qmax) { /* int_bits of 16 values */
     return _mm512_cvttps_epi32(r);
 }
 
+/* ---- B-bit codes (B = 2, 3, 5, 6, 7), 16 at a time: 16 codes are 2B bytes of the stream ----- */
+typedef struct {
+    int B;
+    __m512i mask, lsh, bidx, bidx1; /* B-bit mask; unpack: 32 - B - bit offset, bytes of code k */
+    __m128i rsh, compact;           /* unpack: 32 - B; pack: bytes 0..B-1, 8..8+B-1 -> 0..2B-1 */
+} pack16_t;
+
+static pack16_t pack16_consts(int B) {
+    pack16_t k;
+    int32_t ls[16], bi[16], bi1[16];
+    int8_t cp[16];
+    for (int i = 0; i < 16; i++) {
+        ls[i] = 32 - B - (i * B & 7), bi[i] = i * B >> 3, bi1[i] = (i * B >> 3) + 1;
+        cp[i] = (int8_t)(i < B ? i : i < 2 * B ? 8 + i - B : -1);
+    }
+    k.B = B;
+    k.mask = _mm512_set1_epi32((1 << B) - 1);
+    k.lsh = _mm512_loadu_si512(ls), k.bidx = _mm512_loadu_si512(bi), k.bidx1 = _mm512_loadu_si512(bi1);
+    k.rsh = _mm_cvtsi32_si128(32 - B), k.compact = _mm_loadu_si128((const __m128i*)cp);
+    return k;
+}
+
+/* n < 16 bytes at p: masked (no access beyond them) where AVX512BW/VL allow, else through a copy */
+INLINE void store_bytes(uint8_t* p, __m128i v, int n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    _mm_mask_storeu_epi8(p, (__mmask16)((1u << n) - 1), v);
+#else
+    uint8_t b[16];
+    _mm_storeu_si128((__m128i*)b, v);
+    memcpy(p, b, (size_t)n);
+#endif
+}
+
+INLINE __m128i load_bytes(const uint8_t* p, int n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p);
+#else
+    uint8_t b[16] = {0};
+    memcpy(b, p, (size_t)n);
+    return _mm_loadu_si128((const __m128i*)b);
+#endif
+}
+
+/* 16 codes (int32 lanes, two's complement) -> 2B bytes at q: pairs merged in 64-bit lanes (2B
+   bits), narrowed to 16 bits, pairs of those merged in 32-bit lanes (4B bits), then in 64-bit lanes
+   (8 codes, B bytes each), the two B-byte runs made contiguous */
+INLINE void pack_store16(__m512i cd, const pack16_t* k, uint8_t* q) {
+    const int B = k->B;
+    cd = _mm512_and_si512(cd, k->mask);
+    __m128i w = _mm512_cvtepi64_epi16(_mm512_or_si512(cd, _mm512_srl_epi64(cd, _mm_cvtsi32_si128(32 - B))));
+    w = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi32(0xFFFF)),
+                     _mm_sll_epi32(_mm_srli_epi32(w, 16), _mm_cvtsi32_si128(2 * B)));
+    w = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi64x(0xFFFFFFFF)),
+                     _mm_sll_epi64(_mm_srli_epi64(w, 32), _mm_cvtsi32_si128(4 * B)));
+    store_bytes(q, _mm_shuffle_epi8(w, k->compact), 2 * B);
+}
+
+/* 2B bytes at q -> 16 sign-extended codes: code k spans bytes bidx[k], bidx[k] + 1 (B <= 8), moved
+   to the top of the lane, then arithmetically back down */
+INLINE __m512i unpack16(const uint8_t* q, const pack16_t* k) {
+    __m512i x = _mm512_cvtepu8_epi32(load_bytes(q, 2 * k->B)); /* lane j: byte j */
+    __m512i w = _mm512_or_si512(_mm512_permutexvar_epi32(k->bidx, x),
+                                _mm512_slli_epi32(_mm512_permutexvar_epi32(k->bidx1, x), 8));
+    return _mm512_sra_epi32(_mm512_sllv_epi32(w, k->lsh), k->rsh);
+}
+
 /* encode_batch's last step: codes of t / s (s: the 16 lanes' scales), 16 rows at a time in
    registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
 static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
     const __m512 vs = _mm512_loadu_ps(s);
     fp8c_t k = fp8_consts(c->fmt);
-    int bits4 = c->kind == 2 && c->bits == 4;
+    int bits4 = c->kind == 2 && c->bits == 4, packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
+    const pack16_t pk = pack16_consts(packed ? c->bits : 2);
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
         for (int j = 0; j < 16; j++) {
@@ -457,7 +695,9 @@ static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uin
         tr16(r);
         for (int l = 0; l < 16; l++) {
             __m512i cd = _mm512_castps_si512(r[l]);
-            if (bits4) {
+            if (packed) {
+                pack_store16(cd, &pk, q + l * pb + i0 * pk.B / 8);
+            } else if (bits4) {
                 cd = _mm512_and_si512(cd, _mm512_set1_epi32(0xF));
                 cd = _mm512_or_si512(cd, _mm512_srli_epi64(cd, 28)); /* odd nibble above the even one */
                 _mm_storel_epi64((__m128i*)(q + l * pb + i0 / 2), _mm512_cvtepi64_epi8(cd));
@@ -490,14 +730,16 @@ static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const 
     __m512 T[8];
     for (int k = 0; k < 8; k++) T[k] = _mm512_loadu_ps(LUT[c->fmt & 1] + 16 * k);
     const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    const int packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
+    const pack16_t pk = pack16_consts(packed ? c->bits : 2);
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
         for (int l = 0; l < 16; l++) {
             const uint8_t* ql = q + l * pb;
-            float sc;
-            memcpy(&sc, s0 + 4 * l, 4);
-            __m512 m, s = _mm512_set1_ps(sc);
-            if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
+            __m512 m, s = _mm512_set1_ps(get_scale(c, s0, l));
+            if (packed) {
+                m = _mm512_cvtepi32_ps(unpack16(ql + i0 * pk.B / 8, &pk));
+            } else if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
                 __m128i b = _mm_loadl_epi64((const __m128i*)(ql + i0 / 2));
                 __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
                 v = _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32(0xF));
@@ -706,7 +948,7 @@ static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const fl
 }
 #endif
 
-/* encode_group for L groups: payload of lane l at q + l * pb, scales at s0/s1 + 4 * l. */
+/* encode_group for L groups: payload of lane l at q + l * pb, its scales number l of s0/s1. */
 static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
                          uint8_t* s1) {
     float sa[L], s[L], amax[L];
@@ -714,7 +956,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         float acc[L] = {0};
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
-        for (int l = 0; l < L; l++) sa[l] = adaptive_scale(c, acc[l], G);
+        for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
     }
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
@@ -740,7 +982,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
                 nan[l] |= a != a;
             }
     }
-    for (int l = 0; l < L; l++) s[l] = group_scale(c, nan[l] ? NAN : amax[l]);
+    for (int l = 0; l < L; l++) s[l] = round_scale(c, group_scale(c, nan[l] ? NAN : amax[l]));
     int simd = SIMD16 && G % 16 == 0;
     uint32_t code[MAXG][L] ALIGN64;
     if (simd) {
@@ -756,16 +998,9 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
     }
     for (int l = 0; l < L; l++) {
-        uint8_t* ql = q + l * pb;
-        if (simd)
-            ;
-        else if (c->kind == 2 && c->bits == 4)
-            for (int i = 0; i < G; i += 2)
-                ql[i / 2] = (uint8_t)((code[i][l] & 0xF) | ((code[i + 1][l] & 0xF) << 4));
-        else
-            for (int i = 0; i < G; i++) ql[i] = (uint8_t)code[i][l];
-        put_f32(s0 + 4 * l, s[l]);
-        if (c->kind == 0) put_f32(s1 + 4 * l, sa[l]);
+        if (!simd) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
+        put_scale(c, s0, l, s[l]);
+        if (c->kind == 0) put_scale(c, s1, l, sa[l]);
     }
 }
 
@@ -788,15 +1023,9 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
 #endif
     for (int l = 0; l < L; l++) {
         const uint8_t* ql = q + l * pb;
-        float s = get_f32(s0 + 4 * l);
-        if (c->kind == 2 && c->bits == 4) {
-            for (int i = 0; i < G; i += 2) {
-                int lo = ql[i / 2] & 0xF, hi = ql[i / 2] >> 4;
-                t[i][l] = (float)(lo - ((lo & 8) << 1)) * s;
-                t[i + 1][l] = (float)(hi - ((hi & 8) << 1)) * s;
-            }
-        } else if (c->kind == 2) {
-            for (int i = 0; i < G; i++) t[i][l] = (float)(int8_t)ql[i] * s;
+        float s = get_scale(c, s0, l);
+        if (c->kind == 2) {
+            unpack_codes(ql, G, c->bits, s, &t[0][l], L);
         } else {
             const float* lut = LUT[c->fmt];
             for (int i = 0; i < G; i++) t[i][l] = lut[ql[i]] * s;
@@ -804,7 +1033,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     }
     float sa[L];
     if (c->kind == 0)
-        for (int l = 0; l < L; l++) sa[l] = get_f32(s1 + 4 * l);
+        for (int l = 0; l < L; l++) sa[l] = get_scale(c, s1, l);
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
         fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc);
@@ -861,31 +1090,31 @@ static int64_t payload_bytes(const cfg_t* c) { return (int64_t)c->group * (c->ki
 static void encode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G; /* groups without padding */
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G; /* full: unpadded */
     lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
         load_batch(j->x, j->dt, g, G, t);
-        encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+        encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL);
     }
     float v[MAXG];
     for (; g < g1; g++) {
         load_group(j->x, j->dt, g * G, j->n, G, v);
-        encode_group(j->c, v, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
+        encode_group(j->c, v, j->q + g * pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL, G);
     }
 }
 
 static void decode_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G;
     lanes_t t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) {
-        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, G, t, NULL);
+        decode_batch(j->c, j->iq + g * pb, pb, j->is0 + sb * g, j->is1 ? j->is1 + sb * g : NULL, G, t, NULL);
         store_batch(t, j->dt, g, G, j->y);
     }
     float v[MAXG];
     for (; g < g1; g++) {
-        decode_group(j->c, j->iq + g * pb, j->is0 + 4 * g, j->is1 ? j->is1 + 4 * g : NULL, v, G);
+        decode_group(j->c, j->iq + g * pb, j->is0 + sb * g, j->is1 ? j->is1 + sb * g : NULL, v, G);
         store_group(v, j->dt, g * G, j->n, G, j->y);
     }
 }
@@ -895,7 +1124,7 @@ static void dsum_groups(const job_t* j, int64_t g, int64_t g1);
 static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     const job_t* j = (const job_t*)p;
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c), g = g0, full = j->n / G;
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G;
     int nterms = j->nchunks + (j->own != NULL);
     lanes_t at[MAXG] ALIGN64, t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
@@ -905,13 +1134,13 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
                 if (tt > 0) add_lanes(at, t, G);
             } else {
                 int64_t o = (k++) * j->stride;
-                const uint8_t* s1 = j->is1 ? j->is1 + o + 4 * g : NULL;
-                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + 4 * g, s1, G, tt == 0 ? at : t,
+                const uint8_t* s1 = j->is1 ? j->is1 + o + sb * g : NULL;
+                decode_batch(j->c, j->iq + o + g * pb, pb, j->is0 + o + sb * g, s1, G, tt == 0 ? at : t,
                              tt == 0 ? NULL : at);
             }
         }
         if (j->sum) store_batch(at, j->sum_dt, g, G, j->sum);
-        if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL);
+        if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL);
     }
     dsum_groups(j, g, g1);
 }
@@ -919,7 +1148,7 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
 /* dsum_range's single groups (ragged tails, the rest of a range) */
 static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int64_t g1) {
     int G = j->c->group;
-    int64_t pb = payload_bytes(j->c);
+    int64_t pb = payload_bytes(j->c), sb = scale_size(j->c);
     int nterms = j->nchunks + (j->own != NULL);
     float acc[MAXG], v[MAXG];
     for (; g < g1; g++) {
@@ -929,7 +1158,7 @@ static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int
                 load_group(j->own, j->own_dt, g * G, j->n, G, v);
             } else {
                 int64_t o = (k++) * j->stride;
-                decode_group(j->c, j->iq + o + g * pb, j->is0 + o + 4 * g, j->is1 ? j->is1 + o + 4 * g : NULL,
+                decode_group(j->c, j->iq + o + g * pb, j->is0 + o + sb * g, j->is1 ? j->is1 + o + sb * g : NULL,
                              v, G);
             }
             if (t == 0) /* s = y_0 + y_1 + ...: the first term is taken as is (keeps -0) */
@@ -938,7 +1167,7 @@ static __attribute__((noinline)) void dsum_groups(const job_t* j, int64_t g, int
                 for (int i = 0; i < G; i++) acc[i] += i < valid ? v[i] : 0.0f;
         }
         if (j->sum) store_group(acc, j->sum_dt, g * G, j->n, G, j->sum);
-        if (j->q) encode_group(j->c, acc, j->q + g * pb, j->s0 + 4 * g, j->s1 ? j->s1 + 4 * g : NULL, G);
+        if (j->q) encode_group(j->c, acc, j->q + g * pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL, G);
     }
 }
 
