@@ -164,3 +164,48 @@ def test_measured_probe_decides_the_same_on_both_ranks(corpus, tmp_path):
     assert plain == {s for s, r in rows.items() if not r["compressed"]}
     last = _records(out)[-1]
     assert (last["tp_wire_bytes"] == last["tp_raw_bytes"]) == (len(plain) == len(rows))
+
+
+def test_bench_cluster_auto_runs_taco_with_when_auto_and_its_model_is_the_faster_choice(tmp_path):
+    import argparse
+
+    from taco.bench import cluster
+    from taco.bench.cluster_analysis import Sweep, analyse, model_curves
+    from taco.bench.cluster_records import LinkResult
+    from taco.bench.cluster_report import format_markdown, format_report
+    from tests.test_bench_cluster import CALIB_50, CALIB_UNCAPPED, _rec
+
+    cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
+    args = argparse.Namespace(comm=["bf16"], codecs=["taco", "auto"], threads=1, backend="eager", warmup=1,
+                              timeout=60)  # fmt: skip
+    specs = {s["codec"]: s["config"]["compression"] for s in cluster.plan_runs(cfg, args, tmp_path)}
+    assert {c: (v["tp_codec"], v["when"]) for c, v in specs.items()} == {
+        "none": ("none", "always"), "taco": ("taco", "always"), "auto": ("taco", "auto")}  # fmt: skip
+    assert specs["auto"]["tp_codec_options"] == specs["taco"]["tp_codec_options"]
+    rates = cluster.codec_rates(["auto"], 1024, 1, "eager")
+    assert rates["auto/bf16"]["bytes_per_elem"] == pytest.approx(1 + 8 / 128)
+
+    # uncapped: the auto run chose plain (its record is the baseline's numbers); at 50 Mbit/s it compresses
+    plain_auto = dict(_rec("bf16", "none", None, 0.10, 0.01, 2, 2), codec="auto")
+    results = [
+        dict(rate_mbit=None, probe=dict(bytes_per_s=1e9, rtt_s=1e-4), calib=CALIB_UNCAPPED, runs=[
+            _rec("bf16", "none", None, 0.10, 0.01, 2, 2), _rec("bf16", "taco", None, 0.11, 0.01, 2, 2),
+            plain_auto]),
+        dict(rate_mbit=50.0, probe=dict(bytes_per_s=6e6, rtt_s=1e-3), calib=CALIB_50, runs=[
+            _rec("bf16", "none", 50.0, 1.00, 0.91, 2, 2), _rec("bf16", "taco", 50.0, 0.55, 0.46, 2, 2),
+            _rec("bf16", "auto", 50.0, 0.56, 0.46, 2, 2)]),
+    ]  # fmt: skip
+    sweep = Sweep.of(cfg, modes=["bf16"], codecs=["taco", "auto"], warmup=1, burst="0b", delay_ms=0.0,
+                     model_codec="inplace")  # fmt: skip
+    rep = analyse([LinkResult.from_json(r) for r in results], sweep, {})
+    row = {(r.rate_mbit, r.codec): r for r in rep.rows}
+    assert row[(None, "auto")].r == 1.0 and row[(None, "auto")].ideal == 1.0
+    assert row[(50.0, "auto")].r == pytest.approx(2 / 1.0625)
+    for rate in (None, 50.0):  # the model of auto: the faster of plain and taco
+        expect = min(row[(rate, "none")].model_step_s, row[(rate, "taco")].model_step_s)
+        assert row[(rate, "auto")].model_step_s <= expect * (1 + 1e-9)
+    assert row[(50.0, "auto")].model_step_s == pytest.approx(row[(50.0, "taco")].model_step_s)
+    assert "auto" in format_report(rep) and "| bf16 | 50 |" in format_markdown(rep)
+    curves = model_curves(rep, sweep)
+    pairs = zip(curves["bf16/auto"], curves["bf16/taco"])
+    assert all(a >= t - 1e-9 and a >= 1 - 1e-9 for (_, a), (_, t) in pairs)  # never below plain or taco

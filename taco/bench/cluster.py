@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from . import bench_main, cli_entry
-from .cluster_analysis import Sweep, analyse, model_curves
+from .cluster_analysis import AUTO_CODEC, Sweep, analyse, model_curves
 from .cluster_records import MODES, PHASES, LinkResult, RunRecord
 from .cluster_report import format_markdown, format_report, load_sweep, write_json, write_plots
 from .codec import best_time
@@ -59,9 +59,6 @@ from .ranks import gloo_rank, spawn_ranks
 MODE_DTYPES = {"bf16": ("bf16", "bf16"), "autocast": ("bf16", "input"), "fp32": ("fp32", "fp32")}
 """(train.dtype, parallel.tp_comm_dtype) of each communication mode (`MODES`)"""
 
-
-AUTO_CODEC = "taco"
-"""the codec of the `--codecs auto` run: compression.when = "auto" keeps it only where it pays"""
 
 HELP = "end-to-end training on a tc-capped emulated link"
 TAKES_OVERRIDES = True  # `--train.steps=20` style extras, as `taco train` takes them
