@@ -209,3 +209,10 @@ def test_bench_cluster_auto_runs_taco_with_when_auto_and_its_model_is_the_faster
     curves = model_curves(rep, sweep)
     pairs = zip(curves["bf16/auto"], curves["bf16/taco"])
     assert all(a >= t - 1e-9 and a >= 1 - 1e-9 for (_, a), (_, t) in pairs)  # never below plain or taco
+
+
+def test_without_tensor_parallelism_there_is_nothing_to_decide(corpus, tmp_path):
+    from taco.train.launch import launch
+
+    res = launch(_cfg(corpus, tmp_path / "tp1", "--parallel.tp=1", "--train.steps=3"))
+    assert res["auto"]["sites"] == {} and res["auto"]["decisions"][0]["sites"] == 0

@@ -1,4 +1,4 @@
-"""`compression.when = "auto"`: compress a TP site only where it pays (docs/design.md 1.6).
+"""`compression.when = "auto"`: compress a TP site only where it pays (docs/design.md 1.4).
 
 Why this file exists: a compressed collective trades codec time for wire time, and which one wins
 depends on the link, the message size and the codec's speed on this machine; so the run measures it.
@@ -181,7 +181,7 @@ class AutoPolicy:
 
     def probe(self) -> dict[str, Timing]:
         """Per site: the timing of its message, each distinct message timed once, max over the TP group."""
-        msgs = self.recorder.messages
+        msgs = self.recorder.messages if self.group is not None else {}  # tp = 1: nothing travels
         keys = list(dict.fromkeys((m.op, m.shape, m.dtype, m.codec.spec) for m in msgs.values()))
         first = {(m.op, m.shape, m.dtype, m.codec.spec): m for m in reversed(msgs.values())}
         local = [self.measure(first[k]) for k in keys]

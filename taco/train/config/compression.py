@@ -60,7 +60,7 @@ class CompressionConfig(_Section):
     when: str = field(default="always", metadata={"doc": (
         '"always": tp_codec compresses every site tp_sites selects; "auto": after auto_warmup_steps '
         "compressed steps, time each site's plain and compressed collective on the TP group and keep "
-        "the codec only where it is faster by auto_margin (docs/design.md 1.6), re-deciding when the "
+        "the codec only where it is faster by auto_margin (docs/design.md 1.4), re-deciding when the "
         "step times contradict the prediction.")})
     auto_warmup_steps: int = field(default=3, metadata={"doc": (
         'when = "auto": steps run as configured before the first decision (their sites, message sizes '
