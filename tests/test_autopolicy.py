@@ -38,7 +38,8 @@ def test_prediction_adds_each_changed_sites_calls_times_its_time_change():
     # and back again from the new state: the inverse change
     assert predict_step_s(0.44, calls, t, after, before) == pytest.approx(0.5)
     assert predict_step_s(0.5, calls, t, before, before) == 0.5
-    assert disagrees(1.2, 1.0, 0.15) and not disagrees(1.1, 1.0, 0.15) and disagrees(0.5, 1.0, 0.15)
+    assert disagrees(1.2, 1.0, 0.15) and not disagrees(1.1, 1.0, 0.15)
+    assert not disagrees(0.5, 1.0, 0.15)  # faster than predicted: the decision paid at least that
 
 
 def test_recorder_keeps_compressed_collectives_and_chains_behind_an_earlier_observer():

@@ -10,8 +10,8 @@ max-reduced over the TP group, so every rank of it decides the same. A site keep
 compressed < plain * (1 - auto_margin); the others get `set_site_codec(site, "none")`.
 
 The decision predicts the step time: the measured one before it plus, per site, calls per step x the
-change of that site's collective time. When the median of the next `auto_check_steps` steps differs
-from it by more than `auto_tolerance` on any rank, every TP group probes and decides again (at most
+change of that site's collective time. When the median of the next `auto_check_steps` steps is slower
+than that by more than `auto_tolerance` on any rank, every TP group probes and decides again (at most
 `auto_max_redecisions` times). Rank 0 prints the table; `summary()` goes to summary.json and
 `format_table()` to comm_stats.txt.
 """
@@ -82,8 +82,10 @@ def predict_step_s(
 
 
 def disagrees(measured_s: float, predicted_s: float, tolerance: float) -> bool:
-    """Whether a measured step time contradicts the prediction by more than `tolerance` (of it)."""
-    return abs(measured_s - predicted_s) > tolerance * measured_s
+    """Whether a measured step time contradicts the prediction: slower by more than `tolerance` (of
+    the measurement). Faster is no contradiction: the decision paid at least what it promised (the
+    warm-up steps of the reference are often slower than the steady state)."""
+    return measured_s - predicted_s > tolerance * measured_s
 
 
 class SiteRecorder:
@@ -212,7 +214,9 @@ class AutoPolicy:
                 self._check(rec)
 
     def _decide(self, rec: dict[str, Any], reason: str, reference_s: float) -> None:
+        t0 = time.perf_counter()
         timings = self.probe()
+        probe_s = time.perf_counter() - t0  # outside every timed step: reported, never hidden
         new = decide(timings, self.margin)
         self.predicted_s = predict_step_s(reference_s, self.calls_per_step, timings, self.choice, new)
         for site, keep in new.items():
@@ -220,7 +224,7 @@ class AutoPolicy:
                 self.policy.set_site_codec(site, self.recorder.messages[site].codec if keep else "none")
         self.timings, self.choice = timings, new
         self.history.append(dict(step=self.steps, reason=reason, reference_step_s=reference_s,
-                                 predicted_step_s=self.predicted_s, measured_step_s=None,
+                                 predicted_step_s=self.predicted_s, measured_step_s=None, probe_s=probe_s,
                                  compressed_sites=sum(new.values()), sites=len(new)))  # fmt: skip
         rec["auto_compressed_sites"] = sum(new.values())
         rec["auto_predicted_step_s"] = self.predicted_s
@@ -270,12 +274,18 @@ class AutoPolicy:
         """The latest decision as text: one line per site, the numbers behind it."""
         if not self.history:
             return "auto policy: no decision yet"
-        h = self.history[-1]
         lines = [
+            f"[taco] auto policy ({h['reason']}, after step {h['step']}): {h['compressed_sites']} of "
+            f"{h['sites']} sites compressed; {h['reference_step_s'] * 1e3:.1f} ms -> "
+            f"{h['predicted_step_s'] * 1e3:.1f} ms predicted, {h['measured_step_s'] * 1e3:.1f} ms measured"
+            for h in self.history[:-1]
+        ]
+        h = self.history[-1]
+        lines += [
             f"[taco] auto policy ({h['reason']}, after step {h['step']}): {h['compressed_sites']} of "
             f"{h['sites']} TP sites compressed (margin {self.margin:.0%}); step "
             f"{h['reference_step_s'] * 1e3:.1f} ms measured -> "
-            f"{h['predicted_step_s'] * 1e3:.1f} ms predicted",
+            f"{h['predicted_step_s'] * 1e3:.1f} ms predicted (probe {h['probe_s']:.2f} s)",
             f"  {'site':<28} {'op':<14} {'bytes':>9} {'calls':>5} {'plain ms':>9} {'codec ms':>9}  decision",
         ]
         for site, r in self.site_rows().items():

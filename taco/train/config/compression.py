@@ -68,13 +68,13 @@ class CompressionConfig(_Section):
     auto_margin: float = field(default=0.03, metadata={"doc": (
         'when = "auto": a site is compressed only if its compressed collective is faster than the plain '
         "one by this fraction (0.03 = 3%).")})
-    auto_repeats: int = field(default=5, metadata={"doc": (
+    auto_repeats: int = field(default=7, metadata={"doc": (
         'when = "auto": timed repeats of each probed collective (median per rank, max over the TP group).')})
     auto_check_steps: int = field(default=5, metadata={"doc": (
         'when = "auto": steps after a decision whose median step time is compared with the prediction.')})
     auto_tolerance: float = field(default=0.15, metadata={"doc": (
-        'when = "auto": re-probe when the measured step time differs from the predicted one by more '
-        "than this fraction.")})
+        'when = "auto": re-probe when the measured step time is slower than the predicted one by more '
+        "than this fraction (of the measured one).")})
     auto_max_redecisions: int = field(default=2, metadata={"doc": (
         'when = "auto": at most this many re-probes per run (0: decide once).')})
 
