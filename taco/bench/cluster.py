@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from . import bench_main, cli_entry
-from .cluster_analysis import Sweep, analyse, model_curves
+from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
 from .cluster_records import MODES, PHASES, LinkResult, RunRecord
 from .cluster_report import format_markdown, format_report, load_sweep, write_json, write_plots
 from .codec import best_time
@@ -68,7 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=str(ROOT / "configs" / "cluster.toml"), help="training config TOML")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
     p.add_argument("--rates", type=_csv(float), default=[50, 100, 200, 400, 1000], help="lo caps, Mbit/s")
-    p.add_argument("--codecs", type=_csv(str), default=["taco"], help="codecs; the baseline always runs")
+    codecs = (f'codecs; the baseline always runs; "auto": {AUTO_CODEC} with compression.when = "auto", '
+              '"auto:CODEC": CODEC with it')
+    p.add_argument("--codecs", type=_csv(str), default=["taco"], help=codecs)
     p.add_argument("--comm", type=_csv(str), default=["bf16", "fp32"], help=f"modes: {', '.join(MODES)}")
     p.add_argument("--warmup", type=int, default=None, help="first steps left out of the timing (3)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
@@ -100,6 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
     """The training loop of one rank; per-step TP bytes and phase times from the TP policy's stats."""
+    import torch.distributed as dist
+
     from taco.train.trainer import Trainer
 
     tr = Trainer(cfg, cfg.parallel.dims().build(), data_dir, False)
@@ -112,9 +116,13 @@ def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
         after = stats.total()
         delta = {k: getattr(after, k) - getattr(before, k) for k in keys}
         steps.append(dict(step_s=st.seconds, loss=st.loss, **delta))
+        for hook in tr.step_hooks:  # compression.when = "auto" decides here, outside the timed step
+            hook(tr, dict(step=tr.step, step_s=st.seconds, loss=st.loss))
     sites = {
         n: dict(calls=s.calls, raw_bytes=s.raw_bytes, wire_bytes=s.wire_bytes) for n, s in stats.sites.items()
     }
+    if tr.auto is not None and dist.get_rank() == 0:
+        print(tr.auto.format_table(), flush=True)
     return dict(steps=steps, val_loss=tr.evaluate(), sites=sites)
 
 
@@ -249,9 +257,12 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             c.train.dtype = type(c.train.dtype).parse(dtype, "train.dtype")
             choice = type(c.parallel.tp_comm_dtype)
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
-            c.compression.tp_codec = codec
-            c.compression.tp_codec_options = accepted_options(codec, cfg.compression.tp_codec_options)
-            c.compression.telemetry_every = 0  # timed steps, no step hooks: no fidelity round trips
+            base = auto_base(codec)  # "auto" / "auto:CODEC": that codec only where it pays
+            c.compression.tp_codec = base or codec
+            c.compression.when = "auto" if base else "always"
+            opts = cfg.compression.tp_codec_options
+            c.compression.tp_codec_options = accepted_options(c.compression.tp_codec, opts)
+            c.compression.telemetry_every = 0  # timed runs: no fidelity round trips inside the timing
             c.train.resume = False
             c.train.out_dir = str(Path(tempfile.gettempdir()) / "taco-cluster")
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),
@@ -306,7 +317,7 @@ def codec_rates(codecs: list[str], numel: int, threads: int, backend: str) -> di
     torch.set_num_threads(threads)
     out: dict[str, dict[str, float]] = {}
     for spec in codecs:
-        codec = make_codec(spec)
+        codec = make_codec(auto_base(spec) or spec)
         if codec is None:
             continue
         for dt_name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):

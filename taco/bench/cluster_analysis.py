@@ -21,6 +21,17 @@ from typing import Any
 from . import cost_model as cm
 from .cluster_records import LinkResult, RunRecord, RunSummary, merge_uncapped
 
+AUTO_CODEC = "taco"
+"""the codec of the "auto" run (compression.when = "auto" keeps it only where it pays)"""
+
+
+def auto_base(label: str) -> str | None:
+    """The codec an auto run keeps where it pays: "auto" -> AUTO_CODEC, "auto:int6-hadamard" ->
+    "int6-hadamard"; None for a run that is not an auto run."""
+    if label == "auto":
+        return AUTO_CODEC
+    return label.partition(":")[2] or None if label.startswith("auto:") else None
+
 # ----------------------------------------------------------------------------- the cost model's view
 
 
@@ -189,6 +200,22 @@ def _model_codec(inp: ModelInputs, rates: dict, codec: str, source: str) -> Any:
     return inp.codecs.get(codec) if source == "inplace" else _codec_costs(rates, codec)
 
 
+def model_step(inp: ModelInputs, rates: dict, codec: str, sweep: Sweep, link: cm.Link) -> float:
+    """Modeled step seconds of run `codec` on `link`. An auto run ("auto", "auto:CODEC") decides per
+    site between plain and its codec (`auto_base`) on the same trade-off, so its model is the faster
+    of the two (every TP message of these runs has one size): the codec's costs from its own run when
+    the sweep has one, else the
+    auto run's (its uncapped run may have chosen plain: then they are plain's)."""
+    base = auto_base(codec)
+    if base is None:
+        return inp.predict(link, codec, _model_codec(inp, rates, codec, sweep.model_codec), sweep.slices)
+    times = [inp.predict(link, "none", None, sweep.slices)]
+    for c in (base, codec):
+        if costs := _model_codec(inp, rates, c, sweep.model_codec):
+            times.append(inp.predict(link, c, costs, sweep.slices))
+    return min(times)
+
+
 # ----------------------------------------------------------------------------- the report
 
 
@@ -296,9 +323,8 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
                                 train_gap_pct=_gap(s, base, "train_loss"), curve_gap_pct=curve_mean,
                                 curve_max_pct=curve_max)  # fmt: skip
                 if mode in inputs:
-                    costs = _model_codec(inputs[mode], rates, codec, sweep.model_codec)
                     link = link_of(res, sweep.burst, sweep.delay_ms)
-                    row.model_step_s = inputs[mode].predict(link, codec, costs, sweep.slices)
+                    row.model_step_s = model_step(inputs[mode], rates, codec, sweep, link)
                 rows.append(row)
     links = {
         res.rate_mbit: dict(res.calib, probe_bytes_per_s=res.probe["bytes_per_s"], rtt_s=res.probe["rtt_s"])
@@ -320,12 +346,11 @@ def model_curves(report: ClusterReport, sweep: Sweep) -> dict[str, list[tuple[fl
     curves: dict[str, list[tuple[float, float]]] = {}
     for mode, inp in report.model_inputs.items():
         for codec in sweep.codecs:
-            costs = _model_codec(inp, report.codec_rates, codec, sweep.model_codec)
             pts = []
             for rate in grid:
                 bw = rate * 1e6 / 8 * eff
                 link = cm.Link("emulated lo", bw, delay_s, shared=True, burst=burst)
                 base = inp.predict(link, "none", None, sweep.slices)
-                pts.append((rate, base / inp.predict(link, codec, costs, sweep.slices)))
+                pts.append((rate, base / model_step(inp, report.codec_rates, codec, sweep, link)))
             curves[f"{mode}/{codec}"] = pts
     return curves

@@ -43,6 +43,7 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
+from taco.train.autopolicy import AutoPolicy
 from taco.train.build import (
     AXES,
     build_axis_policy,
@@ -141,6 +142,9 @@ class Trainer:
             device=self.device,
         )
         self.tp_group = dims.group("tp")
+        self.auto = AutoPolicy.for_trainer(self) if c.when == "auto" else None  # compress where it pays
+        if self.auto is not None:
+            self.step_hooks.append(self.auto)
         params = list(self.stage.parameters())
         decay = [q for q in params if q.dim() >= 2]
         no_decay = [q for q in params if q.dim() < 2]
@@ -379,11 +383,13 @@ class Trainer:
             "tp_codec": c.tp_codec,
             "pp_codec": c.pp_codec,
             "dp_codec": self._dp_codecs(),
+            **({"auto": self.auto.summary()} if self.auto is not None else {}),
         }
         if self.log:
             stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)
             if self.fidelity is not None:  # per-site SQNR of the telemetry steps, the guard's switches
                 stats += f"\n\n[tp fidelity]\n{self.fidelity.summary()}"
+            stats += f"\n\n[auto]\n{self.auto.format_table()}" if self.auto is not None else ""
             (self.out_dir / "comm_stats.txt").write_text(stats + "\n")
             (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

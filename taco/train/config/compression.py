@@ -87,6 +87,26 @@ class CompressionConfig(_Section):
     guard_fallback: str = field(default="int8-hadamard", metadata={"doc": (
         "Codec the guard switches a site to (int8-hadamard: ~43 dB on Gaussian data, 1.03 B/elem); "
         'a site already on it goes to "none".')})
+    when: str = field(default="always", metadata={"doc": (
+        '"always": tp_codec compresses every site tp_sites selects; "auto": after auto_warmup_steps '
+        "compressed steps, time each site's plain and compressed collective on the TP group and keep "
+        "the codec only where it is faster by auto_margin (docs/design.md 1.4), re-deciding when the "
+        "step times contradict the prediction.")})
+    auto_warmup_steps: int = field(default=3, metadata={"doc": (
+        'when = "auto": steps run as configured before the first decision (their sites, message sizes '
+        "and step times are the decision's input; the first step's start-up cost is left out).")})
+    auto_margin: float = field(default=0.03, metadata={"doc": (
+        'when = "auto": a site is compressed only if its compressed collective is faster than the plain '
+        "one by this fraction (0.03 = 3%).")})
+    auto_repeats: int = field(default=7, metadata={"doc": (
+        'when = "auto": timed repeats of each probed collective (median per rank, max over the TP group).')})
+    auto_check_steps: int = field(default=5, metadata={"doc": (
+        'when = "auto": steps after a decision whose median step time is compared with the prediction.')})
+    auto_tolerance: float = field(default=0.15, metadata={"doc": (
+        'when = "auto": re-probe when the measured step time is slower than the predicted one by more '
+        "than this fraction (of the measured one).")})
+    auto_max_redecisions: int = field(default=2, metadata={"doc": (
+        'when = "auto": at most this many re-probes per run (0: decide once).')})
 
     def _check(self) -> None:
         for name in ("tp_codec", "pp_codec", "dp_codec", "dp_weight_codec", "dp_grad_codec"):
@@ -118,3 +138,14 @@ class CompressionConfig(_Section):
             self._fail("guard_patience", "must be >= 1")
         if not self.guard_fallback.strip():
             self._fail("guard_fallback", 'must be a codec name, or "none" for the plain collective')
+        if self.when not in ("always", "auto"):
+            self._fail("when", 'must be "always" or "auto"')
+        for name in ("auto_warmup_steps", "auto_repeats", "auto_check_steps"):
+            if getattr(self, name) < 1:
+                self._fail(name, "must be >= 1")
+        if self.auto_max_redecisions < 0:
+            self._fail("auto_max_redecisions", "must be >= 0")
+        if not 0.0 <= self.auto_margin < 1.0:
+            self._fail("auto_margin", "must be in [0, 1)")
+        if self.auto_tolerance <= 0.0:
+            self._fail("auto_tolerance", "must be > 0")
