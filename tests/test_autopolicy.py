@@ -42,6 +42,30 @@ def test_prediction_adds_each_changed_sites_calls_times_its_time_change():
     assert not disagrees(0.5, 1.0, 0.15)  # faster than predicted: the decision paid at least that
 
 
+def test_auto_warm_up_starts_after_calibration_has_chosen_the_codecs():
+    from types import SimpleNamespace
+
+    from taco.train.autopolicy import AutoPolicy
+
+    cfg = load_config(None, ["--compression.when=auto", "--compression.auto_warmup_steps=2"]).compression
+    policy = CommPolicy(codec="taco")
+    auto = AutoPolicy(policy, None, torch.device("cpu"), cfg, log=False)
+    decided: list[int] = []
+    now = [0]
+    auto.probe = lambda: decided.append(now[0]) or {}  # type: ignore[method-assign]
+    calibration = SimpleNamespace(sampling=True)
+    trainer = SimpleNamespace(calibration=calibration)
+    x, taco = torch.zeros(4, 64), policy.codec_for("s.fwd", 256, torch.float32)
+    for step in range(1, 7):
+        now[0] = step
+        calibration.sampling = step <= 3  # calibration decides at the end of step 3
+        codec = taco if step <= 3 else None  # ... and turns s.fwd to plain, say
+        policy.observer("s.fwd", "all_reduce", x, codec)
+        auto(trainer, {"step": step, "step_s": 0.1})
+    # steps 1-3 were not the warm-up: nothing recorded from them, the decision after steps 4-5
+    assert decided == [5] and auto.recorder.messages == {} and auto.recorder.calls == {"s.fwd": 2}
+
+
 def test_recorder_keeps_compressed_collectives_and_chains_behind_an_earlier_observer():
     seen: list[str] = []
     policy = CommPolicy(codec="taco", observer=lambda site, *a: seen.append(site))

@@ -197,6 +197,13 @@ class AutoPolicy:
     # -- deciding -------------------------------------------------------------------------------
     def __call__(self, trainer: Any, rec: dict[str, Any]) -> None:
         """The step hook: observe, decide at the end of the warm-up, check the prediction after."""
+        calibration = getattr(trainer, "calibration", None)
+        if self.phase == "observe" and calibration is not None and calibration.sampling:
+            # compression.calibrate is still choosing the sites' codecs: the warm-up (and the codec
+            # each site is probed with) starts from the steps after its choice
+            self.recorder.messages.clear()
+            self.recorder.calls.clear()
+            return
         self.steps += 1
         step_s = float(rec["step_s"])
         if self.phase == "observe":

@@ -248,6 +248,11 @@ class Calibration:
                 trainer.policy.observer = lambda *a: (prev and prev(*a), mine(*a))  # chained (issue 14)
             trainer.step_hooks.append(self.on_step)
 
+    @property
+    def sampling(self) -> bool:
+        """Still sampling: the sites' codecs change when the K-th sampled step ends."""
+        return self.sampler is not None and self.sampler.active
+
     def _decides(self) -> bool:
         """This rank decides for its pipeline stage: TP rank 0 of DP replica 0."""
         return self.trainer.dims.dp_rank == 0 and self.trainer.dims.tp_rank == 0
