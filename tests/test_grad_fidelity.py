@@ -49,3 +49,16 @@ def test_the_measurement_leaves_training_alone(corpus, tmp_path):
     assert [r["loss"] for r in recs] == [r["loss"] for r in base]
     assert [r["grad_norm"] for r in recs] == [r["grad_norm"] for r in base]
     assert recs[1]["grad_loss/reference"] == base[2]["loss"]  # step 2's hook: the batch step 3 trains on
+
+
+def test_grad_sums_count_tp_shards_once_and_replicas_once(corpus, tmp_path):
+    """The TP=2 gradient norm (`Trainer.grad_sums` of the squares) is the unsharded model's: the
+    same weights and batch at TP=1 give the same first-step norm, up to fp32 summation order."""
+    from taco.train.launch import launch
+
+    args = ("--train.steps=1", "--model.hidden=64", "--train.eval_interval=0", "--compression.tp_codec=none")
+    launch(tiny(corpus, tmp_path / "tp2", *args))
+    launch(tiny(corpus, tmp_path / "tp1", *args, "--parallel.tp=1"))
+    tp2, tp1 = _records(tmp_path / "tp2")[0], _records(tmp_path / "tp1")[0]
+    assert tp2["loss"] == pytest.approx(tp1["loss"], rel=1e-5)
+    assert tp2["grad_norm"] == pytest.approx(tp1["grad_norm"], rel=1e-4)
