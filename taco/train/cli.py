@@ -116,7 +116,8 @@ def run_compare(args: argparse.Namespace) -> int:
     compare(cfg, codecs, out, seeds=seeds)
     print(
         f"[taco compare] wrote {out}/: compare.md (the table), compare.csv (loss curves), compare.json, "
-        f"compare.png, and one run folder per codec ({', '.join(str(out / c) for c in ['none', *codecs])})",
+        f"compare.png, and one run folder per codec ({', '.join(str(out / c) for c in ['none', *codecs])})"
+        + (f", one seed{{S}}/ inside per seed ({args.seeds})" if seeds and len(seeds) > 1 else ""),
         flush=True,
     )
     return 0
