@@ -84,7 +84,8 @@ def run_rank(
 
     dims = cfg.parallel.dims().build(timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s))
     trainer = Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device)
-    trainer.step_hooks.extend(hooks)
+    if hooks:
+        trainer.step_hooks.extend(hooks)
     try:
         return trainer.fit()
     finally:
