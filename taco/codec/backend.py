@@ -92,6 +92,10 @@ class GroupFnBackend(KernelBackend):
         return getattr(codec, "family", None) in self.fns
 
     def encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
+        with torch.autocast(x.device.type, enabled=False):  # fp32 group math even inside autocast
+            self._encode(codec, x, out)
+
+    def _encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
         g, n = codec.group_size, x.numel()
         ng = codec.groups(n)
         xf = x.float()
@@ -106,6 +110,10 @@ class GroupFnBackend(KernelBackend):
             out[p + sb * i : p + sb * (i + 1)].copy_(to_bytes(si, codec.scale_fmt))
 
     def decode(self, codec, buf: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast(buf.device.type, enabled=False):  # fp32 group math even inside autocast
+            self._decode(codec, buf, y)
+
+    def _decode(self, codec, buf: torch.Tensor, y: torch.Tensor) -> None:
         payload, scales = codec._split(buf)
         if codec.bits < 8:
             payload = unpack_bits(payload, codec.bits)

@@ -108,6 +108,19 @@ def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
         help="comma-separated TP codecs to compare against codec 'none'",
     )
     p.add_argument("--out", default="runs/compare", help="output directory (curves, table, PNG)")
+    p.add_argument(
+        "--seeds",
+        default="",
+        help="comma-separated train.seed values (e.g. 1337,1338,1339): every codec and the baseline on "
+        "each; the table adds the mean gap and the baseline's seed band (default: the config's seed)",
+    )
+    p.add_argument(
+        "--grad-fidelity",
+        action="store_true",
+        help="instead: train the baseline once and, at --grad-points evenly spaced steps, compare each "
+        "codec's full-model gradient with the uncompressed one on the same batch (cosine, relative error)",
+    )
+    p.add_argument("--grad-points", type=int, default=5, help="steps measured by --grad-fidelity")
     p.set_defaults(func=run_compare, takes_overrides=True)
 
 
@@ -121,14 +134,25 @@ def run_compare(args: argparse.Namespace) -> int:
         codecs = [c for c in args.codecs.split(",") if c]
         for c in codecs:
             taco.get_codec(c)
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or None
+        if args.grad_points < 1:
+            raise ValueError(f"--grad-points must be >= 1 (got {args.grad_points})")
     except (ValueError, FileNotFoundError) as e:
         print(f"taco compare: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    compare(cfg, codecs, out)
+    if args.grad_fidelity:
+        from taco.train.grad_fidelity import grad_fidelity
+
+        grad_fidelity(cfg, codecs, out, args.grad_points)
+        print(f"[taco compare] wrote {out}/: grad_fidelity.md (the table), grad_fidelity.json, and the "
+              f"baseline run {out / 'grad-fidelity'}", flush=True)  # fmt: skip
+        return 0
+    compare(cfg, codecs, out, seeds=seeds)
     print(
         f"[taco compare] wrote {out}/: compare.md (the table), compare.csv (loss curves), compare.json, "
-        f"compare.png, and one run folder per codec ({', '.join(str(out / c) for c in ['none', *codecs])})",
+        f"compare.png, and one run folder per codec ({', '.join(str(out / c) for c in ['none', *codecs])})"
+        + (f", one seed{{S}}/ inside per seed ({args.seeds})" if seeds and len(seeds) > 1 else ""),
         flush=True,
     )
     return 0

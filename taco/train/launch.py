@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from taco.train.config import Config
 from taco.train.data import resolve_data_dir
 from taco.train.procs import run_ranks
 from taco.train.rundir import check_run_dir, prepare_run_dir
+
+StepHook = Callable[[Any, dict[str, Any]], None]
+"""hook(trainer, record) at each step boundary (`Trainer.step_hooks`)"""
 
 
 def resolve_device(cfg: Config, local_rank: int) -> torch.device:
@@ -71,13 +75,18 @@ def init_rank(cfg: Config, local_rank: int, **init: Any) -> torch.device:
     return device
 
 
-def run_rank(cfg: Config, data_dir: Path, device: torch.device) -> dict[str, Any]:
-    """The whole run on this rank (process group already initialised): build the mesh, fit."""
+def run_rank(
+    cfg: Config, data_dir: Path, device: torch.device, hooks: Sequence[StepHook] = ()
+) -> dict[str, Any]:
+    """The whole run on this rank (process group already initialised): build the mesh, fit.
+    `hooks` join the trainer's `step_hooks` (e.g. `taco.train.grad_fidelity.GradFidelity`)."""
     from taco.parallel.data_parallel import close_data_parallel
     from taco.train.trainer import Trainer
 
     dims = cfg.parallel.dims().build(timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s))
     trainer = Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device)
+    if hooks:
+        trainer.step_hooks.extend(hooks)
     try:
         return trainer.fit()
     finally:
@@ -91,11 +100,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawned(rank: int, world: int, port: int, cfg: Config, data_dir: Path, out: str) -> None:
+def _spawned(
+    rank: int, world: int, port: int, cfg: Config, data_dir: Path, out: str, hooks: Sequence[StepHook]
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = init_rank(cfg, rank, rank=rank, world_size=world)
-    res = run_rank(cfg, data_dir, device)  # an error: reported by taco.train.procs, which exits
+    res = run_rank(cfg, data_dir, device, hooks)  # an error: reported by taco.train.procs, which exits
     if rank == 0:
         with open(out, "wb") as f:
             pickle.dump(res, f)
@@ -131,8 +142,9 @@ def _check_resume(cfg: Config, rank: int | None) -> Path | None:
     return resume_dir
 
 
-def launch(cfg: Config) -> dict[str, Any]:
-    """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank."""
+def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
+    """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank. `hooks`: extra
+    `Trainer.step_hooks` of every rank (picklable: they travel to the spawned ranks)."""
     from taco.train.finetune import resolve_init_from
 
     for note in resolve_init_from(cfg):  # a checkpoint decides the sizes and the tokenizer
@@ -164,14 +176,14 @@ def launch(cfg: Config) -> dict[str, Any]:
             resolve_data_dir(cfg.data, prepare=True)
         dist.barrier()
         try:
-            return run_rank(cfg, resolve_data_dir(cfg.data), device)
+            return run_rank(cfg, resolve_data_dir(cfg.data), device, hooks)
         finally:
             dist.destroy_process_group()
     data_dir = resolve_data_dir(cfg.data, prepare=True)
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.pkl")
         t0 = time.time()
-        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result), world, t.out_dir)
+        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result, tuple(hooks)), world, t.out_dir)
         with open(result, "rb") as f:
             res = pickle.load(f)
     res["wall_s"] = time.time() - t0

@@ -223,21 +223,25 @@ class Trainer:
         v = d.tolist()
         return {a: v[2 * i] for i, a in enumerate(AXES)}, {a: v[2 * i + 1] for i, a in enumerate(AXES)}
 
-    def _clip(self, max_norm: float) -> torch.Tensor:
-        """Global grad norm: TP-sharded slices summed over TP, replicas once, stages summed over PP
-        (the last stage's tied-embedding copy skipped); DP replicas hold the same gradients.
-        Clips to `max_norm` (0 = off) without reading the norm on the host."""
-        sharded = torch.zeros((), dtype=torch.float64, device=self.device)
-        replicated = torch.zeros((), dtype=torch.float64, device=self.device)
-        params = [p for p in self.stage.parameters() if p.grad is not None]
-        for p in params:
-            if is_pp_copy(p):
+    def grad_sums(self, terms: Callable[[torch.nn.Parameter, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Sums over the whole model of `terms(param, local grad)` (a float64 vector, the same length
+        for every parameter): TP-sharded slices summed over TP, replicas once, stages summed over PP
+        (the last stage's tied-embedding copy skipped); DP replicas hold the same gradients, FSDP
+        shards are summed over DP. Collective over the mesh; the result stays on the device."""
+        sharded: torch.Tensor | float = 0.0
+        replicated: torch.Tensor | float = 0.0
+        for p in self.stage.parameters():
+            if p.grad is None or is_pp_copy(p):
                 continue
-            sq = fully_sharded.local_tensor(p.grad).double().square().sum()
+            t = terms(p, fully_sharded.local_tensor(p.grad))
             if is_tp_sharded(p):
-                sharded += sq
+                sharded = sharded + t
             else:
-                replicated += sq
+                replicated = replicated + t
+        like = next((t for t in (sharded, replicated) if isinstance(t, torch.Tensor)), None)
+        n = 1 if like is None else like.numel()
+        z = torch.zeros(n, dtype=torch.float64, device=self.device)
+        sharded, replicated = z + sharded, z + replicated  # a stage without gradients: zeros
         if self.tp_group is not None:
             dist.all_reduce(sharded, group=self.tp_group)
         total = sharded + replicated
@@ -245,6 +249,13 @@ class Trainer:
             dist.all_reduce(total, group=self.dp_group)
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.dims.group("pp"))
+        return total
+
+    def _clip(self, max_norm: float) -> torch.Tensor:
+        """Global grad norm (`grad_sums` of the squares); clips to `max_norm` (0 = off) without
+        reading the norm on the host."""
+        params = [p for p in self.stage.parameters() if p.grad is not None]
+        total = self.grad_sums(lambda p, g: g.double().square().sum().reshape(1))[0]
         norm = total.sqrt()
         if max_norm > 0:  # scale by max_norm / norm when above the bound, else by exactly 1
             scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
