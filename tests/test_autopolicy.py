@@ -233,7 +233,9 @@ def test_bench_cluster_auto_runs_taco_with_when_auto_and_its_model_is_the_faster
         expect = min(row[(rate, "none")].model_step_s, row[(rate, "taco")].model_step_s)
         assert row[(rate, "auto")].model_step_s <= expect * (1 + 1e-9)
     assert row[(50.0, "auto")].model_step_s == pytest.approx(row[(50.0, "taco")].model_step_s)
-    assert "auto" in format_report(rep) and "| bf16 | 50 |" in format_markdown(rep)
+    md = format_markdown(rep)  # two codecs: each row names its codec
+    assert "auto" in format_report(rep) and "| codec | codec ms/step |" in md
+    assert "| bf16 | 50 | 1000 | 0.91 | taco |" in md and "| bf16 | 50 | 1000 | 0.91 | auto |" in md
     curves = model_curves(rep, sweep)
     pairs = zip(curves["bf16/auto"], curves["bf16/taco"])
     assert all(a >= t - 1e-9 and a >= 1 - 1e-9 for (_, a), (_, t) in pairs)  # never below plain or taco

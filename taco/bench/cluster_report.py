@@ -51,10 +51,13 @@ def format_report(report: ClusterReport) -> str:
 
 def format_markdown(report: ClusterReport) -> str:
     """The capped rows of every mode as one markdown table (the README's and docs/cluster.md's)."""
+    rows = report.rows
+    several = len({r.codec for r in rows if r.codec != "none"}) > 1  # then each row names its codec
     head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "ideal",
             "of ideal", "model err base / codec", "val loss gap"]  # fmt: skip
+    if several:
+        head[4:5] = ["codec", "codec ms/step"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rows = report.rows
     for r in rows:
         if r.codec == "none" or not r.rate_mbit:
             continue
@@ -65,6 +68,8 @@ def format_markdown(report: ClusterReport) -> str:
         cells = [r.mode, f"{r.rate_mbit:g}", f"{base.run.step_s * 1e3:.0f}", f"{r.f:.2f}",
                  f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", f"**{r.speedup:.2f}x**",
                  f"{r.ideal:.2f}x", f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
+        if several:
+            cells.insert(4, r.codec)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
