@@ -12,28 +12,14 @@ encode and decode at least as fast per element as `taco`'s.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 import taco
-from benchmarks.native_simd_check import decode, encode
+from benchmarks.native_simd_check import decode, encode, timeit
 from taco.kernels import native
 
 CODECS = ("int4-hadamard", "int5-hadamard", "int6-hadamard", "int8-hadamard")
-
-
-def best(fns: list, repeats: int) -> list[float]:
-    """Best thread CPU seconds of each of `fns` over `repeats` interleaved rounds (after a warm-up)."""
-    ts = [float("inf")] * len(fns)
-    for fn in fns:
-        fn()
-    for _ in range(repeats):
-        for k, fn in enumerate(fns):
-            t = time.thread_time()
-            fn()
-            ts[k] = min(ts[k], time.thread_time() - t)
-    return ts
 
 
 def ops(lib, codec, x: torch.Tensor) -> dict:
@@ -64,7 +50,7 @@ def main() -> None:
     for name in CODECS:
         mine = ops(lib, taco.get_codec(name, backend="native", scale_fmt=a.scale_fmt), x)
         for op in ("encode", "decode"):
-            tc, tt = (t / a.n * 1e9 for t in best([mine[op], base[op]], a.repeats))
+            tc, tt = (t / a.n * 1e9 for t in timeit([mine[op], base[op]], a.repeats, stat=min))
             print(f"{name:16s} {op:7s} {tc:7.2f} {tt:7.2f}  {tc / tt:6.2f}x")
 
 

@@ -165,9 +165,10 @@ def check(old, new, quick: bool) -> int:
     return count
 
 
-def timeit(fns: list, repeats: int) -> list[float]:
-    """Median seconds of each of `fns`, as CPU time of this thread (robust to other processes
-    taking the cores: the kernels run on the calling thread), the calls interleaved."""
+def timeit(fns: list, repeats: int, stat=statistics.median) -> list[float]:
+    """Median (or `stat`, e.g. min) seconds of each of `fns`, as CPU time of this thread (robust to
+    other processes taking the cores: the kernels run on the calling thread), the calls interleaved
+    after one warm-up call each."""
     ts: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         fn()
@@ -176,7 +177,7 @@ def timeit(fns: list, repeats: int) -> list[float]:
             t = time.thread_time()
             fn()
             ts[k].append(time.thread_time() - t)
-    return [statistics.median(t) for t in ts]
+    return [stat(t) for t in ts]
 
 
 def bench(libs: dict, n: int, repeats: int, codecs: list[tuple[str, dict]]) -> None:
