@@ -150,3 +150,14 @@ def _load_scale(ptr, rows, rmask, SFMT: tl.constexpr):
         return (hi.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return _e8m0_value(tl.load(ptr + rows, mask=rmask, other=127).to(tl.int32))
+
+
+@triton.jit
+def _sign_flips(G: tl.constexpr, SIGNS: tl.constexpr):
+    """The randomized Hadamard's diagonal as an fp32 [G] row of +-1 (hadamard.sign_flips): SIGNS = m
+    = floor(log2(G) / 2) >= 1, D_i = (-1)^popcount((i mod 2^m) & ((i >> m) mod 2^m)), m <= 4."""
+    i = tl.arange(0, G)
+    v = (i & ((1 << SIGNS) - 1)) & ((i >> SIGNS) & ((1 << SIGNS) - 1))
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    return (1 - 2 * (v & 1)).to(tl.float32)
