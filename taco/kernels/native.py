@@ -180,8 +180,8 @@ def codec_cfg(codec) -> Cfg:
         elif fam == "fp8":
             c = cfg("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax, scale_fmt=sf)
         else:
-            signs = getattr(codec, "signs", False)
-            c = cfg("int", g, codec.rotate, qmax=float(codec.qmax), bits=codec.bits, scale_fmt=sf, signs=signs)
+            q, signs = float(codec.qmax), getattr(codec, "signs", False)
+            c = cfg("int", g, codec.rotate, qmax=q, bits=codec.bits, scale_fmt=sf, signs=signs)
         codec.__dict__["_native_cfg"] = c
     return c
 
