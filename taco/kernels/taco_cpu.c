@@ -412,9 +412,9 @@ static inline int sign_flipped(int i, int G) {
     return __builtin_parity(((unsigned)i & mask) & (((unsigned)i >> m) & mask));
 }
 
-static void flip_signs(float* v, int G) {
+static void flip_signs(float* v, int G) { /* 0 - v: -v, but +0 for zeros (as the reference's sums) */
     for (int i = 0; i < G; i++)
-        if (sign_flipped(i, G)) v[i] = -v[i];
+        if (sign_flipped(i, G)) v[i] = 0.0f - v[i];
 }
 
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
@@ -837,7 +837,7 @@ static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
 static void flip_lanes(lanes_t* t, int G) {
     for (int i = 0; i < G; i++)
         if (sign_flipped(i, G))
-            for (int l = 0; l < L; l++) t[i][l] = -t[i][l];
+            for (int l = 0; l < L; l++) t[i][l] = 0.0f - t[i][l];
 }
 
 static void fwht_batch(lanes_t* t, int G, float rg) {

@@ -33,12 +33,12 @@ from taco.codec.scales import scale_bytes
 
 from .triton_bits import (
     _bf16_bits,
+    _flip_signs,
     _fp8_bits,
     _fp8_value,
     _load_codes,
     _load_scale,
     _round_scale,
-    _sign_flips,
     _store_codes,
     _store_scale,
 )
@@ -146,7 +146,7 @@ def _encode_tile(
         sa = _round_scale(sa, SFMT)
         x = x * sa[:, None]
     if SIGNS:  # the randomized Hadamard: x D (exact)
-        x = x * _sign_flips(G, SIGNS)[None, :]
+        x = _flip_signs(x, G, SIGNS)
     if ROTATE:
         z = tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
     else:
@@ -203,7 +203,7 @@ def _decode_tile(
     else:
         y = v * s[:, None]
     if SIGNS:
-        y = y * _sign_flips(G, SIGNS)[None, :]
+        y = _flip_signs(y, G, SIGNS)
     if KIND == 0:
         sa = _load_scale(s1_ptr, rows, rmask, SFMT)
         y = tl.div_rn(y, sa[:, None] + tl.zeros((R, G), tl.float32))
