@@ -220,3 +220,62 @@ def test_zeros_exact_and_non_finite_groups_decode_to_nan(backend):
     for grp in range(c.groups(numel)):
         part = y[grp * g : (grp + 1) * g]
         assert part.isnan().all() if grp in bad else part.isfinite().all(), f"{backend} group {grp}"
+
+
+# -- the option where codecs are named: specs, config options, compare, bench codec/cluster ----------
+def test_spec_lists_and_config_options():
+    from taco.codec.codecs import codec_config, parse_spec, split_specs
+
+    assert split_specs("taco, int6-hadamard(group_size=64,signs=true),none") == [
+        "taco",
+        "int6-hadamard(group_size=64,signs=true)",
+        "none",
+    ]
+    assert parse_spec("int6-hadamard(signs=true)") == ("int6-hadamard", {"signs": True})
+    name, opts = codec_config("int6-hadamard(signs=true)", {"group_size": 64, "fmt": "e4m3"})
+    assert (name, opts) == ("int6-hadamard", {"group_size": 64, "signs": True})  # fmt: not an int option
+    assert codec_config("taco", {"group_size": 64, "signs": True}) == ("taco", {"group_size": 64})
+
+
+def test_config_compare_and_cluster_take_signs(tmp_path):
+    import argparse
+
+    import taco.bench.cluster as cluster
+    from taco.train.build import build_policy
+    from taco.train.config import check_codecs, load_config
+    from taco.train.grad_fidelity import _tp_policy
+
+    over = ["--compression.tp_codec=int6-hadamard", "--compression.tp_codec_options.signs=true"]
+    cfg = load_config(None, over)
+    check_codecs(cfg, taco.list_codecs())
+    assert build_policy(cfg).codec.signs
+    base = load_config(None, ["--compression.tp_codec_options.group_size=64"])
+    pol = _tp_policy(base, "int6-hadamard(signs=true)")  # what taco compare --grad-fidelity builds
+    assert pol.codec.signs and pol.codec.group_size == 64
+    args = argparse.Namespace(
+        comm=["bf16"], codecs=cluster.split_specs("int6-hadamard(signs=true),auto:int5-hadamard(signs=true)"),
+        threads=1, backend="auto", warmup=1, timeout=60,
+    )  # fmt: skip
+    specs = {s["codec"]: s["config"]["compression"] for s in cluster.plan_runs(base, args, tmp_path)}
+    assert specs["int6-hadamard(signs=true)"]["tp_codec"] == "int6-hadamard"
+    assert specs["int6-hadamard(signs=true)"]["tp_codec_options"] == {"group_size": 64, "signs": True}
+    auto = specs["auto:int5-hadamard(signs=true)"]
+    assert (
+        auto["tp_codec"] == "int5-hadamard" and auto["tp_codec_options"]["signs"] and auto["when"] == "auto"
+    )
+
+
+def test_bench_codec_takes_spec_strings(tmp_path):
+    from tests.test_bench_codec import run_json
+
+    d = tmp_path / "caps"
+    d.mkdir()
+    torch.save(torch.randn(64, 128) + 1.0, d / "layers.0.mlp.down.fwd.pt")  # an offset: signs help
+    codecs = "taco,int6-hadamard,int6-hadamard(signs=true)"
+    res = run_json(tmp_path, "--codecs", codecs, "--families", "gaussian", "--tensors", str(d))
+    rows = {(r["codec"], r["family"]): r for r in res["rows"]}
+    signed_row = rows[("int6-hadamard+signs", "layers.0.mlp.down.fwd")]
+    assert signed_row["spec"] == "int6-hadamard(group_size=128,signs=True)"
+    assert signed_row["nbytes"] == rows[("int6-hadamard", "layers.0.mlp.down.fwd")]["nbytes"]
+    assert signed_row["sqnr_db"] > rows[("int6-hadamard", "layers.0.mlp.down.fwd")]["sqnr_db"] + 3
+    assert "int6-hadamard+signs" in {r["codec"] for r in res["fidelity"]}
