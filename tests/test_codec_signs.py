@@ -224,7 +224,7 @@ def test_zeros_exact_and_non_finite_groups_decode_to_nan(backend):
 
 # -- the option where codecs are named: specs, config options, compare, bench codec/cluster ----------
 def test_spec_lists_and_config_options():
-    from taco.codec.codecs import codec_config, parse_spec, split_specs
+    from taco.codec.specs import codec_config, parse_spec, split_specs
 
     assert split_specs("taco, int6-hadamard(group_size=64,signs=true),none") == [
         "taco",

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from taco.codec.codecs import split_specs
+from taco.codec.specs import split_specs
 
 from . import bench_main, cli_entry
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
@@ -246,7 +246,7 @@ def _worker(job_path: str) -> int:
 
 def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[str, Any]]:
     """One spec per (comm mode, codec): the baseline "none" first in each mode."""
-    from taco.codec.codecs import codec_config
+    from taco.codec.specs import codec_config
 
     bad = [m for m in args.comm if m not in MODES]
     if bad:

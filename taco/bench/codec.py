@@ -29,8 +29,9 @@ import torch
 
 import taco
 from taco.codec import CODECS, sqnr_db
-from taco.codec.codecs import GroupCodec, parse_spec, split_specs
+from taco.codec.codecs import GroupCodec
 from taco.codec.scales import check_scale_fmt
+from taco.codec.specs import parse_spec, split_specs
 
 from . import bench_main, cli_entry
 

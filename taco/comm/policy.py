@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..codec import Codec, NoneCodec, get_codec
-from ..codec.codecs import parse_spec
+from ..codec.specs import parse_spec
 from .buffers import BufferCache
 from .stats import CommStats
 

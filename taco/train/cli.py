@@ -130,7 +130,7 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         cfg = _load(args)
         import taco
-        from taco.codec.codecs import split_specs
+        from taco.codec.specs import split_specs
 
         codecs = split_specs(args.codecs)
         for c in codecs:

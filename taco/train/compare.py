@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taco.codec.codecs import codec_config
+from taco.codec.specs import codec_config
 from taco.train.config import Config
 
 

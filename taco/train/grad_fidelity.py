@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from taco.codec.codecs import codec_config
+from taco.codec.specs import codec_config
 from taco.parallel import fully_sharded
 from taco.parallel.tags import tp_context
 from taco.train.build import build_policy
