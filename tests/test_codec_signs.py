@@ -279,3 +279,33 @@ def test_bench_codec_takes_spec_strings(tmp_path):
     assert signed_row["nbytes"] == rows[("int6-hadamard", "layers.0.mlp.down.fwd")]["nbytes"]
     assert signed_row["sqnr_db"] > rows[("int6-hadamard", "layers.0.mlp.down.fwd")]["sqnr_db"] + 3
     assert "int6-hadamard+signs" in {r["codec"] for r in res["fidelity"]}
+
+
+@needs_native
+def test_avx512_and_portable_builds_agree_with_signs(tmp_path):
+    """The batch paths with signs (flips around fwht_batch16 / fwht_batch, decode-sum-encode's sums
+    taken after the flip) give the same bytes in the AVX-512 build and a build without AVX-512."""
+    from benchmarks.native_simd_check import build, decode, dsum, encode
+
+    saved = list(native.FLAGS)
+    try:
+        native.FLAGS[:] = [*saved, "-mno-avx512f"]
+        scalar = build(native.SOURCE, tmp_path, "scalar")
+    finally:
+        native.FLAGS[:] = saved
+    lib = native.library()
+    gen = torch.Generator().manual_seed(8)
+    for bits, sfmt in ((6, "fp32"), (5, "e8m0"), (8, "bf16")):
+        c = signed(bits, "native", scale_fmt=sfmt)
+        numel = 33 * 128 + 11
+        x = torch.randn(numel, generator=gen) * 10
+        want = encode(lib, c, x)
+        assert torch.equal(encode(scalar, c, x), want), f"int{bits} {sfmt}: encode"
+        assert torch.equal(
+            decode(lib, c, want, numel, torch.float32), decode(scalar, c, want, numel, torch.float32)
+        )
+        bufs = torch.cat([want, encode(lib, c, -2 * x)])
+        got = [dsum(lb, c, bufs, 2, numel, x.bfloat16(), 1, True, torch.float32) for lb in (lib, scalar)]
+        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]), (
+            f"int{bits} {sfmt}: dsum"
+        )
