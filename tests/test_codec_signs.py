@@ -249,6 +249,9 @@ def test_config_compare_and_cluster_take_signs(tmp_path):
     cfg = load_config(None, over)
     check_codecs(cfg, taco.list_codecs())
     assert build_policy(cfg).codec.signs
+    bad = load_config(None, ["--compression.tp_codec=int6-hadamard(signs=true)"])
+    with pytest.raises(ValueError, match="tp_codec_options"):
+        check_codecs(bad, taco.list_codecs())
     base = load_config(None, ["--compression.tp_codec_options.group_size=64"])
     pol = _tp_policy(base, "int6-hadamard(signs=true)")  # what taco compare --grad-fidelity builds
     assert pol.codec.signs and pol.codec.group_size == 64
