@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from taco.codec.specs import split_specs
+
 from . import bench_main, cli_entry
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
 from .cluster_records import MODES, PHASES, LinkResult, RunRecord
@@ -70,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", type=_csv(float), default=[50, 100, 200, 400, 1000], help="lo caps, Mbit/s")
     codecs = (f'codecs; the baseline always runs; "auto": {AUTO_CODEC} with compression.when = "auto", '
               '"auto:CODEC": CODEC with it')
-    p.add_argument("--codecs", type=_csv(str), default=["taco"], help=codecs)
+    p.add_argument("--codecs", type=split_specs, default=["taco"], help=codecs)
     p.add_argument("--comm", type=_csv(str), default=["bf16", "fp32"], help=f"modes: {', '.join(MODES)}")
     p.add_argument("--warmup", type=int, default=None, help="first steps left out of the timing (3)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
@@ -244,7 +246,7 @@ def _worker(job_path: str) -> int:
 
 def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[str, Any]]:
     """One spec per (comm mode, codec): the baseline "none" first in each mode."""
-    from taco.codec import accepted_options
+    from taco.codec.specs import codec_config
 
     bad = [m for m in args.comm if m not in MODES]
     if bad:
@@ -258,10 +260,9 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             choice = type(c.parallel.tp_comm_dtype)
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
             base = auto_base(codec)  # "auto" / "auto:CODEC": that codec only where it pays
-            c.compression.tp_codec = base or codec
+            opts = cfg.compression.tp_codec_options  # with a spec string's ("int6-hadamard(signs=true)")
+            c.compression.tp_codec, c.compression.tp_codec_options = codec_config(base or codec, opts)
             c.compression.when = "auto" if base else "always"
-            opts = cfg.compression.tp_codec_options
-            c.compression.tp_codec_options = accepted_options(c.compression.tp_codec, opts)
             c.compression.telemetry_every = 0  # timed runs: no fidelity round trips inside the timing
             c.train.resume = False
             c.train.out_dir = str(Path(tempfile.gettempdir()) / "taco-cluster")

@@ -31,6 +31,7 @@ import taco
 from taco.codec import CODECS, sqnr_db
 from taco.codec.codecs import GroupCodec
 from taco.codec.scales import check_scale_fmt
+from taco.codec.specs import parse_spec, split_specs
 
 from . import bench_main, cli_entry
 
@@ -128,20 +129,25 @@ def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> fl
 
 
 # -- the benchmark --------------------------------------------------------------------------------
-def make_codec(name: str, group_size: int, backend: str, scale_fmt: str = "fp32") -> taco.Codec:
-    cls = CODECS[name]
-    if issubclass(cls, GroupCodec):
-        return taco.get_codec(name, group_size=group_size, backend=backend, scale_fmt=scale_fmt)
-    return taco.get_codec(name)
+def make_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32") -> taco.Codec:
+    """A codec name or spec string ("int6-hadamard(signs=true)": its options win over the others)."""
+    name, opts = parse_spec(spec)
+    if issubclass(CODECS[name], GroupCodec):
+        return taco.get_codec(
+            name, **{"group_size": group_size, "backend": backend, "scale_fmt": scale_fmt, **opts}
+        )
+    return taco.get_codec(name, **opts)
 
 
-def label(name: str, scale_fmt: str) -> str:
-    """A codec's row label: its name, with "/bf16" or "/e8m0" for a lean scale format."""
+def label(name: str, scale_fmt: str, signs: bool = False) -> str:
+    """A codec's row label: its name, "+signs" for the randomized Hadamard, "/bf16" or "/e8m0" for a
+    lean scale format."""
+    name += "+signs" if signs else ""
     return name if scale_fmt == "fp32" else f"{name}/{scale_fmt}"
 
 
 def backends_for(name: str, choice: str, device: torch.device) -> list[str]:
-    if not issubclass(CODECS[name], GroupCodec):
+    if not issubclass(CODECS[parse_spec(name)[0]], GroupCodec):
         return ["-"]
     if choice != "all":
         return [choice]
@@ -163,7 +169,7 @@ def measure(codec: taco.Codec, x: torch.Tensor, repeat: int, group_size: int, co
     g = getattr(codec, "group_size", group_size)
     sf = getattr(codec, "scale_fmt", "fp32")
     return {
-        "codec": label(codec.name, sf),
+        "codec": label(codec.name, sf, getattr(codec, "signs", False)),
         "scale_fmt": sf,
         "spec": codec.spec,
         "bytes_per_elem": packed.nbytes / n,
@@ -200,9 +206,9 @@ def run(args: argparse.Namespace) -> dict:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = DTYPES[args.dtype]
-    codecs = args.codecs.split(",") if args.codecs else taco.list_codecs()
+    codecs = split_specs(args.codecs) if args.codecs else taco.list_codecs()
     for name in codecs:
-        if name not in CODECS:
+        if parse_spec(name)[0] not in CODECS:
             raise ValueError(f"unknown codec {name!r}: choose from {taco.list_codecs()}")
     sfmts = [check_scale_fmt(f) for f in (args.scale_fmts or "fp32").split(",")]
     gen = torch.Generator().manual_seed(args.seed)
@@ -216,7 +222,7 @@ def run(args: argparse.Namespace) -> dict:
         x = t.to(device=device, dtype=dtype).contiguous()
         copy_s = best_time(lambda x=x: x.clone(), args.repeat, device)
         for name in codecs:
-            grouped = issubclass(CODECS[name], GroupCodec)
+            grouped = issubclass(CODECS[parse_spec(name)[0]], GroupCodec)
             for sf in sfmts if grouped else ["fp32"]:
                 for b in backends_for(name, args.backend, device):
                     c = make_codec(name, args.group_size, "auto" if b == "-" else b, sf)
@@ -319,7 +325,11 @@ HELP = "codec fidelity and throughput (docs/design.md 3)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--codecs", default="", help="comma-separated codec names (default: all)")
+    p.add_argument(
+        "--codecs",
+        default="",
+        help='comma-separated codec names or specs, e.g. "int6-hadamard(signs=true)" (default: all)',
+    )
     p.add_argument(
         "--families", default="", help=f"comma-separated synthetic families (default: {','.join(FAMILIES)})"
     )

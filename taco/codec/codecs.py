@@ -12,6 +12,9 @@
 | intB-hadamard | Hadamard + B-bit ints, B = 2..7, bit-packed (int6: 4 codes in 3 bytes) | B/8 + 4/G |
 | int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
 
+The intB-hadamard codecs take `signs=True`: the randomized Hadamard (a fixed +-1 diagonal before
+the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation.
+
 Group codecs cut the flattened tensor into groups of G along `axis` (default: the last, i.e.
 contiguous memory); the tail is zero-padded on the wire. Wire layout of one chunk:
 `[payload: ng*G*bits/8][scale_0 x ng][scale_1 x ng]...`, each scale in the codec's `scale_fmt`
@@ -31,7 +34,7 @@ from . import backend as kb
 from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
-from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix
+from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, signed_hadamard
 from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
@@ -288,31 +291,63 @@ class Int8GroupCodec(IntGroupCodec):
     name = "int8-group"
 
 
-class Int8HadamardCodec(IntGroupCodec):
+class IntHadamardCodec(IntGroupCodec):
+    """Base of the intB-hadamard codecs: with signs=True, the randomized Hadamard transform (each
+    group times a fixed +-1 diagonal D before the rotation and after its inverse; `hadamard.sign_flips`),
+    which spreads groups the plain rotation concentrates (constant or Walsh-like groups)."""
+
+    rotate = True
+
+    def __init__(
+        self,
+        group_size: int = 128,
+        axis: int = -1,
+        backend: str = "auto",
+        scale_fmt: str = "fp32",
+        signs: bool = False,
+    ) -> None:
+        if not isinstance(signs, bool):
+            raise TypeError(f"{self.name}: signs must be a bool, got {signs!r}")
+        self.signs = signs
+        super().__init__(group_size, axis, backend, scale_fmt)
+
+    def _options(self) -> str:
+        return super()._options() + (",signs=True" if self.signs else "")
+
+    def _args(self, device: torch.device) -> tuple:
+        if not self.signs:
+            return super()._args(device)
+        return (signed_hadamard(self.group_size, device), self.qmax, self.scale_fmt)
+
+    def _dargs(self, device: torch.device) -> tuple:
+        if not self.signs:
+            return super()._dargs(device)
+        return (signed_hadamard(self.group_size, device, decode=True),)
+
+
+class Int8HadamardCodec(IntHadamardCodec):
     """Hadamard rotation + per-group absmax INT8 (about 44 dB on Gaussian-like data)."""
 
     name = "int8-hadamard"
-    rotate = True
 
 
-class Int4HadamardCodec(IntGroupCodec):
+class Int4HadamardCodec(IntHadamardCodec):
     """Hadamard rotation + per-group absmax INT4 in packed nibbles, for DP/PP traffic."""
 
     name = "int4-hadamard"
-    rotate = True
     bits = 4
     qmax = 7
 
 
-def _int_hadamard(bits: int) -> type[IntGroupCodec]:
+def _int_hadamard(bits: int) -> type[IntHadamardCodec]:
     """Hadamard rotation + per-group absmax INT`bits` codes in [-qmax, qmax], bit-packed LSB first."""
     qmax = int_qmax(bits)
     doc = f"Hadamard rotation + per-group absmax INT{bits} ({bits}-bit packed codes, qmax {qmax})."
-    attrs = {"name": f"int{bits}-hadamard", "rotate": True, "bits": bits, "qmax": qmax, "__doc__": doc}
-    return type(f"Int{bits}HadamardCodec", (IntGroupCodec,), attrs)
+    attrs = {"name": f"int{bits}-hadamard", "bits": bits, "qmax": qmax, "__doc__": doc}
+    return type(f"Int{bits}HadamardCodec", (IntHadamardCodec,), attrs)
 
 
-INT_HADAMARD: dict[int, type[IntGroupCodec]] = {
+INT_HADAMARD: dict[int, type[IntHadamardCodec]] = {
     b: {8: Int8HadamardCodec, 4: Int4HadamardCodec}.get(b) or _int_hadamard(b) for b in range(8, 1, -1)
 }
 """intB-hadamard by width B = 8..2 (int8 and int4 are the classes above: same names and bytes)."""

@@ -3,6 +3,15 @@
 The Sylvester matrix H_G has entries +-1 and H_G @ H_G = G * I, so H_G / sqrt(G) is orthonormal
 and its own inverse. Groups are rotated by a dense [G, G] matmul: exact +-1 products, fp32
 accumulation, and on every backend a single well-optimised kernel.
+
+Randomized Hadamard (the intB-hadamard codecs' `signs` option, QuaRot arXiv 2404.00456): each group
+is multiplied by a fixed +-1 diagonal D before the rotation and after the inverse. D is not drawn
+from an RNG but computed from the position i in the group, identically in every backend:
+s_i = (-1)^popcount(lo & hi), lo = i mod 2^m, hi = (i >> m) mod 2^m, m = floor(log2(G) / 2) (a
+Maiorana-McFarland bent function). So D 1 has a flat Hadamard spectrum, |H_G D 1| = sqrt(G) for
+even log2 G and at most sqrt(2 G) for odd (the least possible): a constant group, or any Walsh
+function, which the plain rotation maps onto one coefficient, is spread over all of them.
+Sign flips are exact, so D H and H D as matrices give the same products as flipping first.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ def _sylvester_cpu(g: int) -> torch.Tensor:
     return h
 
 
-_DEVICE_CACHE: dict[tuple[int, str], torch.Tensor] = {}
+_DEVICE_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 def hadamard_matrix(g: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -43,4 +52,36 @@ def hadamard_matrix(g: int, device: torch.device | str = "cpu") -> torch.Tensor:
     if h is None:
         h = _sylvester_cpu(g).to(device)
         _DEVICE_CACHE[key] = h
+    return h
+
+
+@functools.lru_cache(maxsize=64)
+def _signs_cpu(g: int) -> torch.Tensor:
+    m = (g.bit_length() - 1) // 2
+    i = torch.arange(g, device="cpu")
+    v = (i & ((1 << m) - 1)) & ((i >> m) & ((1 << m) - 1))
+    parity = torch.zeros_like(v)
+    for b in range(m):
+        parity ^= (v >> b) & 1
+    return (1 - 2 * parity).float()
+
+
+def sign_flips(g: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The randomized Hadamard's diagonal D of group size g: fp32 +-1 (see the module docstring)."""
+    hadamard_matrix(g)  # validates g
+    key = ("signs", g, str(device))
+    d = _DEVICE_CACHE.get(key)
+    if d is None:
+        d = _DEVICE_CACHE[key] = _signs_cpu(g).to(device)
+    return d
+
+
+def signed_hadamard(g: int, device: torch.device | str = "cpu", decode: bool = False) -> torch.Tensor:
+    """D H_g (rows flipped: x @ D H = (x D) @ H, the encode rotation) or H_g D (columns flipped: the
+    decode rotation, y @ H D = (y @ H) D), cached per device."""
+    key = ("signed", g, str(device), decode)
+    h = _DEVICE_CACHE.get(key)
+    if h is None:
+        d, hm = _signs_cpu(g), _sylvester_cpu(g)
+        h = _DEVICE_CACHE[key] = (hm * d[None, :] if decode else d[:, None] * hm).contiguous().to(device)
     return h

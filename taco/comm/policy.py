@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..codec import Codec, NoneCodec, get_codec
+from ..codec.specs import parse_spec
 from .buffers import BufferCache
 from .stats import CommStats
 
@@ -25,15 +26,6 @@ MIN_SLICE_BYTES = 1 << 20
 
 CodecSpec = str | Codec | None
 """A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""
-
-
-def _parse_value(v: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(v.lower(), v)
 
 
 def make_codec(spec: CodecSpec, options: dict[str, Any] | None = None) -> Codec | None:
@@ -47,15 +39,8 @@ def make_codec(spec: CodecSpec, options: dict[str, Any] | None = None) -> Codec 
         return None if isinstance(spec, NoneCodec) else spec
     if not isinstance(spec, str):
         raise TypeError(f"codec must be a name, a Codec or None, got {type(spec).__name__}")
-    opts = dict(options or {})
-    name = spec.strip()
-    if name.endswith(")") and "(" in name:  # "taco(group_size=64,fmt=e4m3)", as Codec.spec prints
-        name, _, args = name[:-1].partition("(")
-        for item in filter(None, (a.strip() for a in args.split(","))):
-            key, eq, val = item.partition("=")
-            if not eq:
-                raise ValueError(f"codec spec {spec!r}: options are key=value, got {item!r}")
-            opts.setdefault(key.strip(), _parse_value(val.strip()))
+    name, parsed = parse_spec(spec)  # "taco(group_size=64,fmt=e4m3)", as Codec.spec prints
+    opts = {**parsed, **(options or {})}
     if name == "none":
         return None
     codec = get_codec(name, **opts)

@@ -55,7 +55,8 @@ class Cfg(ctypes.Structure):
         ("lam", ctypes.c_float),
         ("target", ctypes.c_float),
         ("qmax", ctypes.c_float),
-        ("sfmt", ctypes.c_int32),  # last: a build of an older source reads the prefix
+        ("sfmt", ctypes.c_int32),
+        ("signs", ctypes.c_int32),  # last: a build of an older source reads the prefix
     ]
 
 
@@ -159,11 +160,13 @@ def cfg(
     qmax: float = 0.0,
     bits: int = 8,
     scale_fmt: str = "fp32",
+    signs: bool = False,
 ) -> Cfg:
-    """One codec configuration for the C entry points."""
+    """One codec configuration for the C entry points (signs: the randomized Hadamard's +-1 diagonal)."""
     return Cfg(
-        KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax, SFMT[scale_fmt]
-    )
+        KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax, SFMT[scale_fmt],
+        int(signs),
+    )  # fmt: skip
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -177,7 +180,8 @@ def codec_cfg(codec) -> Cfg:
         elif fam == "fp8":
             c = cfg("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax, scale_fmt=sf)
         else:
-            c = cfg("int", g, codec.rotate, qmax=float(codec.qmax), bits=codec.bits, scale_fmt=sf)
+            q, signs = float(codec.qmax), getattr(codec, "signs", False)
+            c = cfg("int", g, codec.rotate, qmax=q, bits=codec.bits, scale_fmt=sf, signs=signs)
         codec.__dict__["_native_cfg"] = c
     return c
 

@@ -48,7 +48,8 @@ typedef struct {
     float lam;      /* taco: lambda of the adaptive scale */
     float target;   /* taco: target range T of s_q */
     float qmax;     /* int: largest code magnitude */
-    int32_t sfmt;   /* scale format: 0 fp32, 1 bf16, 2 e8m0 (last: older builds read the prefix) */
+    int32_t sfmt;   /* scale format: 0 fp32, 1 bf16, 2 e8m0 */
+    int32_t signs;  /* int: randomized Hadamard, x D before the rotation, D after (last: older builds read the prefix) */
 } cfg_t;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -399,7 +400,22 @@ static inline float adaptive_scale(const cfg_t* c, float sum_sq, int G) {
    first kernels (fp32 scales, int8/int4 codes) keep their own copy of it, compiled as before, so
    that even the signs of their NaNs (which operand of a NaN + NaN the compiler puts first) stay
    those of that build (benchmarks/native_simd_check.py compares them byte for byte). */
-static inline int lean(const cfg_t* c) { return c->sfmt != SF_F32 || (c->kind == 2 && c->bits != 4 && c->bits != 8); }
+static inline int lean(const cfg_t* c) {
+    return c->sfmt != SF_F32 || (c->kind == 2 && c->bits != 4 && c->bits != 8) || c->signs;
+}
+
+/* The randomized Hadamard's diagonal (hadamard.py sign_flips): D_i = -1 where popcount(lo & hi) is
+   odd, lo = i mod 2^m, hi = (i >> m) mod 2^m, m = floor(log2(G) / 2). A flip is exact (the sign bit). */
+static inline int sign_flipped(int i, int G) {
+    int m = (31 - __builtin_clz((unsigned)G)) >> 1;
+    unsigned mask = (1u << m) - 1u;
+    return __builtin_parity(((unsigned)i & mask) & (((unsigned)i >> m) & mask));
+}
+
+static void flip_signs(float* v, int G) { /* 0 - v: -v, but +0 for zeros (as the reference's sums) */
+    for (int i = 0; i < G; i++)
+        if (sign_flipped(i, G)) v[i] = 0.0f - v[i];
+}
 
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
    general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
@@ -411,6 +427,7 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
     if (c->rotate) {
+        if (LEAN && c->signs) flip_signs(v, G);
         fwht(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
@@ -459,6 +476,7 @@ INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, 
     if (c->rotate) {
         fwht_a_first(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
+        if (LEAN && c->signs) flip_signs(v, G);
     }
     if (c->kind == 0) {
         float sa = LEAN ? get_scale(c, s1, 0) : get_f32(s1);
@@ -815,6 +833,13 @@ static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
     }
 }
 
+/* flip_signs for L groups: rows i of t with D_i = -1 */
+static void flip_lanes(lanes_t* t, int G) {
+    for (int i = 0; i < G; i++)
+        if (sign_flipped(i, G))
+            for (int l = 0; l < L; l++) t[i][l] = 0.0f - t[i][l];
+}
+
 static void fwht_batch(lanes_t* t, int G, float rg) {
     for (int h = 1; h < G; h <<= 1)
         for (int i = 0; i < G; i += 2 * h)
@@ -958,6 +983,7 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
         for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
     }
+    if (c->rotate && c->signs) flip_lanes(t, G);
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
         fwht_batch16(t, G, (float)sqrt((double)G), c->kind == 0 ? sa : NULL, NULL, NULL);
@@ -1034,13 +1060,20 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     float sa[L];
     if (c->kind == 0)
         for (int l = 0; l < L; l++) sa[l] = get_scale(c, s1, l);
-    if (SIMD16 && c->rotate && G % 16 == 0) {
+    if (SIMD16 && c->rotate && G % 16 == 0 && !c->signs) {
 #if SIMD16
         fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc);
 #endif
         return;
     }
-    if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
+    if (SIMD16 && c->rotate && G % 16 == 0) { /* signs (int: no s_a): flip after, then accumulate */
+#if SIMD16
+        fwht_batch16(t, G, (float)sqrt((double)G), NULL, NULL, NULL);
+#endif
+    } else if (c->rotate) {
+        fwht_batch(t, G, (float)sqrt((double)G));
+    }
+    if (c->rotate && c->signs) flip_lanes(t, G);
     if (c->kind == 0)
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) t[i][l] /= sa[l];

@@ -150,3 +150,15 @@ def _load_scale(ptr, rows, rmask, SFMT: tl.constexpr):
         return (hi.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return _e8m0_value(tl.load(ptr + rows, mask=rmask, other=127).to(tl.int32))
+
+
+@triton.jit
+def _flip_signs(x, G: tl.constexpr, SIGNS: tl.constexpr):
+    """x [R, G] times the randomized Hadamard's diagonal (hadamard.sign_flips): SIGNS = m =
+    floor(log2(G) / 2) >= 1, D_i = (-1)^popcount((i mod 2^m) & ((i >> m) mod 2^m)), m <= 4. A flip is
+    0 - x (exact; +0 for zeros, as the reference's sums)."""
+    i = tl.arange(0, G)
+    v = (i & ((1 << SIGNS) - 1)) & ((i >> SIGNS) & ((1 << SIGNS) - 1))
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    return tl.where((v & 1)[None, :] == 1, 0.0 - x, x)

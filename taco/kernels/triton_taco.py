@@ -33,6 +33,7 @@ from taco.codec.scales import scale_bytes
 
 from .triton_bits import (
     _bf16_bits,
+    _flip_signs,
     _fp8_bits,
     _fp8_value,
     _load_codes,
@@ -131,6 +132,7 @@ def _encode_tile(
     x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    SIGNS: tl.constexpr,
 ):  # fmt: skip
     """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs)."""
     cols = tl.arange(0, G)
@@ -143,6 +145,8 @@ def _encode_tile(
         sa = tl.where(sa > 1e3, 1e3, sa)
         sa = _round_scale(sa, SFMT)
         x = x * sa[:, None]
+    if SIGNS:  # the randomized Hadamard: x D (exact)
+        x = _flip_signs(x, G, SIGNS)
     if ROTATE:
         z = tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
     else:
@@ -183,7 +187,7 @@ def _encode_tile(
 def _decode_tile(
     q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
 ):  # fmt: skip
     """Decode the groups `rows` to a [R, G] fp32 tile (docs/design.md 1.1 step 5)."""
     cols = tl.arange(0, G)
@@ -198,6 +202,8 @@ def _decode_tile(
         y = tl.div_rn(_hadamard(v, R, G, HB, 1, DOT) * s[:, None], tl.full((R, G), 1.0, tl.float32) * sqrt_g)
     else:
         y = v * s[:, None]
+    if SIGNS:
+        y = _flip_signs(y, G, SIGNS)
     if KIND == 0:
         sa = _load_scale(s1_ptr, rows, rmask, SFMT)
         y = tl.div_rn(y, sa[:, None] + tl.zeros((R, G), tl.float32))
@@ -210,7 +216,7 @@ def _encode_kernel(
     x_ptr, q_ptr, s0_ptr, s1_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr, BITS: tl.constexpr,
-    SFMT: tl.constexpr,
+    SFMT: tl.constexpr, SIGNS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -218,7 +224,7 @@ def _encode_kernel(
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         x = _load_x(x_ptr, idx, n, IN)
         _encode_tile(x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
-                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT)  # fmt: skip
+                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT, SIGNS)  # fmt: skip
 
 
 @triton.jit
@@ -226,13 +232,14 @@ def _decode_kernel(
     q_ptr, s0_ptr, s1_ptr, y_ptr, n, ng, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    SIGNS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         y = _decode_tile(
-            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT
+            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS
         )
         if OUT == 1:
             tl.store(y_ptr + idx, _bf16_bits(y), mask=idx < n)
@@ -250,7 +257,7 @@ def _decode_sum_encode_kernel(
     oq_ptr, os0_ptr, os1_ptr, sum_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, SUM_OUT: tl.constexpr, ENC: tl.constexpr,
-    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -263,7 +270,7 @@ def _decode_sum_encode_kernel(
             else:
                 k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
                 y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows,
-                                 ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT)  # fmt: skip
+                                 ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS)  # fmt: skip
             y = tl.where(idx < n, y, 0.0)
             acc = tl.where(t == 0, y, acc + y)
         if SUM:
@@ -275,7 +282,7 @@ def _decode_sum_encode_kernel(
                 tl.store(sum_ptr + idx, acc, mask=idx < n)
         if ENC:
             _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
-                         KIND, ROTATE, FMT, G, HB, R, 3, DOT, BITS, SFMT)  # fmt: skip
+                         KIND, ROTATE, FMT, G, HB, R, 3, DOT, BITS, SFMT, SIGNS)  # fmt: skip
 
 
 # -- host side ------------------------------------------------------------------------------------
@@ -332,9 +339,10 @@ class _Spec:
 
     def __init__(
         self, kind: str, g: int, rotate: bool, fp8=None, fmax=0.0, lam=0.0, target=1.0, qmax=0.0,
-        bits: int = 8, sfmt: str = "fp32",
+        bits: int = 8, sfmt: str = "fp32", signs: bool = False,
     ):  # fmt: skip
         self.kind, self.g, self.rotate = KIND[kind], g, bool(rotate)
+        self.signs = (g.bit_length() - 1) // 2 if signs and rotate else 0  # SIGNS: m of sign_flips
         self.bits, self.sfmt = bits, _SFMT[sfmt]
         self.fmt = _FP8.get(fp8, 0)
         self.fmax, self.lam, self.target, self.qmax = float(fmax), float(lam), float(target), float(qmax)
@@ -348,12 +356,13 @@ class _Spec:
             return cls("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target, sfmt=sf)
         if fam == "fp8":
             return cls("fp8", g, codec.rotate, codec.fmt.dtype, codec.fmt.fmax, sfmt=sf)
-        return cls("int", g, codec.rotate, qmax=codec.qmax, bits=codec.bits, sfmt=sf)
+        signs = getattr(codec, "signs", False)
+        return cls("int", g, codec.rotate, qmax=codec.qmax, bits=codec.bits, sfmt=sf, signs=signs)
 
     def consts(self) -> dict:
         return dict(
             KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
-            BITS=self.bits, SFMT=self.sfmt,
+            BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs,
         )  # fmt: skip
 
     def encode(self, x: torch.Tensor, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None) -> None:

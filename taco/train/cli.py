@@ -130,10 +130,11 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         cfg = _load(args)
         import taco
+        from taco.codec.specs import split_specs
 
-        codecs = [c for c in args.codecs.split(",") if c]
+        codecs = split_specs(args.codecs)
         for c in codecs:
-            taco.get_codec(c)
+            taco.comm.make_codec(c)
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or None
         if args.grad_points < 1:
             raise ValueError(f"--grad-points must be >= 1 (got {args.grad_points})")

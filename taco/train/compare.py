@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taco.codec import accepted_options
+from taco.codec.specs import codec_config
 from taco.train.config import Config
 
 
@@ -41,9 +41,11 @@ def compare(
         for name in [baseline, *[c for c in codecs if c != baseline]]:
             c = copy.deepcopy(cfg)
             c.train.seed = seed
-            c.compression.tp_codec = name
-            # keep the options this codec accepts (group_size for group codecs, fmt for FP8 ones, ...)
-            c.compression.tp_codec_options = accepted_options(name, cfg.compression.tp_codec_options)
+            # keep the options this codec accepts (group_size for group codecs, fmt for FP8 ones, ...),
+            # with those of a spec string ("int6-hadamard(signs=true)") on top
+            c.compression.tp_codec, c.compression.tp_codec_options = codec_config(
+                name, cfg.compression.tp_codec_options
+            )
             key = f"{name}/seed{seed}" if multi else name
             c.train.out_dir = str(out / key)
             c.train.name = name

@@ -142,8 +142,11 @@ def check_codecs(cfg: Config, available: Sequence[str]) -> None:
     for name in ("tp_codec", "pp_codec", "dp_codec"):
         codec = getattr(cfg.compression, name)
         if codec not in available:
+            hint = ""
+            if "(" in codec:  # a spec string: the options have their own field
+                hint = f" (a name: options go in compression.{name}_options, e.g. {{ signs = true }})"
             raise ValueError(
-                f"compression.{name} = {codec!r}: unknown codec; available: {', '.join(available)}"
+                f"compression.{name} = {codec!r}: unknown codec{hint}; available: {', '.join(available)}"
             )
     fallback = cfg.compression.guard_fallback  # a spec string may carry options: "taco(group_size=64)"
     if fallback.partition("(")[0].strip() not in available:
