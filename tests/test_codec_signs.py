@@ -20,6 +20,8 @@ from taco.codec.formats import unpack_bits
 from taco.codec.hadamard import hadamard_matrix, sign_flips, signed_hadamard
 from taco.comm.policy import make_codec
 from taco.kernels import native
+from tests.test_codec_intn import triton_or_skip
+from tests.test_kernels_native_intn import assert_dsum_identical
 
 pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning")
 
@@ -115,21 +117,8 @@ def test_native_decode_sum_encode_bit_identical_to_eager(sfmt):
     gen = torch.Generator().manual_seed(3)
     numel = 17 * 64 + 9
     for bits in (2, 4, 6, 8):
-        e, n = (
-            signed(bits, group_size=64, scale_fmt=sfmt),
-            signed(bits, "native", group_size=64, scale_fmt=sfmt),
-        )
-        xs = [torch.randint(-20, 21, (numel,), generator=gen).float() for _ in range(3)]
-        bufs = torch.cat([e.encode(xs[0]).data, e.encode(xs[1]).data])
-        size = e.nbytes(numel)
-        for own_index in (0, 2):
-            got = []
-            for c in (e, n):
-                out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
-                c.decode_sum_encode(bufs, size, 2, numel, torch.float32, xs[2].bfloat16(), own_index, out, s)
-                got.append((out, s))
-            (oe, se), (on, sn) = got
-            assert torch.equal(sn, se) and torch.equal(on, oe), f"int{bits} {sfmt} own@{own_index}"
+        e, n = (signed(bits, b, group_size=64, scale_fmt=sfmt) for b in ("eager", "native"))
+        assert_dsum_identical(e, n, numel, gen, (0, 2), f"int{bits} {sfmt}")
 
 
 @needs_native
@@ -146,17 +135,6 @@ def test_native_gaussian_codes_within_one_step(sfmt):
         assert d.max() <= 1 and (d > 0).float().mean() < 0.01, f"int{bits} {sfmt}"
         ye, yn = e.decode(pe).float(), n.decode(pe).float()
         assert ((ye - yn).abs() <= 2.0**-8 * ye.abs().amax()).all(), f"int{bits} {sfmt}: decode"
-
-
-def triton_or_skip() -> None:
-    import taco.kernels as K
-
-    if not K.triton_available():
-        pytest.skip("triton not installed")
-    from taco.kernels import triton_taco
-
-    if not triton_taco.INTERPRET:
-        pytest.skip("triton kernels on CPU need TRITON_INTERPRET=1 before triton is imported")
 
 
 @pytest.mark.parametrize("sfmt", SFMTS)

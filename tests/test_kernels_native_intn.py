@@ -83,18 +83,24 @@ def test_decode_sum_encode_bit_identical_to_eager_composition(sfmt):
     numel = 17 * 64 + 9
     for name in names():
         e, n = pair(name, group_size=64, scale_fmt=sfmt)
-        xs = [torch.randint(-20, 21, (numel,), generator=gen).float() for _ in range(3)]
-        bufs = torch.cat([e.encode(xs[0]).data, e.encode(xs[1]).data])
-        size = e.nbytes(numel)
-        for own_index in (0, 1, 2):
-            got = []
-            for c in (e, n):
-                out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
-                c.decode_sum_encode(bufs, size, 2, numel, torch.float32, xs[2].bfloat16(), own_index, out, s)
-                got.append((out, s))
-            (oe, se), (on, sn) = got
-            assert torch.equal(sn, se), f"{name} {sfmt} own@{own_index}: sums"
-            assert torch.equal(on, oe), f"{name} {sfmt} own@{own_index}: re-encoded bytes"
+        assert_dsum_identical(e, n, numel, gen, (0, 1, 2), f"{name} {sfmt}")
+
+
+def assert_dsum_identical(e, n, numel: int, gen, own_indices, what: str) -> None:
+    """`n`'s decode-sum-encode of two received chunks + a raw own term (bf16, at each of
+    `own_indices`) gives the sums and re-encoded bytes of the reference `e`, on small integers."""
+    xs = [torch.randint(-20, 21, (numel,), generator=gen).float() for _ in range(3)]
+    bufs = torch.cat([e.encode(xs[0]).data, e.encode(xs[1]).data])
+    size = e.nbytes(numel)
+    for own_index in own_indices:
+        got = []
+        for c in (e, n):
+            out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
+            c.decode_sum_encode(bufs, size, 2, numel, torch.float32, xs[2].bfloat16(), own_index, out, s)
+            got.append((out, s))
+        (oe, se), (on, sn) = got
+        assert torch.equal(sn, se), f"{what} own@{own_index}: sums"
+        assert torch.equal(on, oe), f"{what} own@{own_index}: re-encoded bytes"
 
 
 # -- Gaussian inputs: within one step ------------------------------------------------------------
