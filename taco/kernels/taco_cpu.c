@@ -865,6 +865,17 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
         y = _mm512_sub_ps(a_, b_);                                                                   \
     } while (0)
 
+/* the R live rows r0.. of fwht_pass16 divided by v, in row order */
+#define DIV_ROWS(v)                                                                                  \
+    do {                                                                                             \
+        r0 = _mm512_div_ps(r0, v), r1 = _mm512_div_ps(r1, v);                                        \
+        if (R >= 4) r2 = _mm512_div_ps(r2, v), r3 = _mm512_div_ps(r3, v);                            \
+        if (R == 8) {                                                                                \
+            r4 = _mm512_div_ps(r4, v), r5 = _mm512_div_ps(r5, v);                                    \
+            r6 = _mm512_div_ps(r6, v), r7 = _mm512_div_ps(r7, v);                                    \
+        }                                                                                            \
+    } while (0)
+
 /* one pass of log2(R) butterfly strides h0, 2 h0, .. over rows j + m h0 (m < R) held in registers;
    the loops are spelled out (gcc keeps a looped r[] on the stack) */
 INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, const float* pre,
@@ -911,20 +922,8 @@ INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int l
                 BFLY(r3, r7);
             }
             if (last) {
-                r0 = _mm512_div_ps(r0, vrg), r1 = _mm512_div_ps(r1, vrg);
-                if (R >= 4) r2 = _mm512_div_ps(r2, vrg), r3 = _mm512_div_ps(r3, vrg);
-                if (R == 8) {
-                    r4 = _mm512_div_ps(r4, vrg), r5 = _mm512_div_ps(r5, vrg);
-                    r6 = _mm512_div_ps(r6, vrg), r7 = _mm512_div_ps(r7, vrg);
-                }
-                if (post) {
-                    r0 = _mm512_div_ps(r0, vpost), r1 = _mm512_div_ps(r1, vpost);
-                    if (R >= 4) r2 = _mm512_div_ps(r2, vpost), r3 = _mm512_div_ps(r3, vpost);
-                    if (R == 8) {
-                        r4 = _mm512_div_ps(r4, vpost), r5 = _mm512_div_ps(r5, vpost);
-                        r6 = _mm512_div_ps(r6, vpost), r7 = _mm512_div_ps(r7, vpost);
-                    }
-                }
+                DIV_ROWS(vrg);
+                if (post) DIV_ROWS(vpost);
             }
             lanes_t* o = t;
             if (last && acc) { /* dsum: acc + value, acc the first source (as the scalar sum) */
