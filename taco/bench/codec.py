@@ -32,6 +32,7 @@ from taco.codec import CODECS, sqnr_db
 from taco.codec.codecs import GroupCodec
 from taco.codec.scales import check_scale_fmt
 from taco.codec.specs import parse_spec, split_specs
+from taco.comm.stats import sync_device
 
 from . import bench_main, cli_entry
 
@@ -110,20 +111,15 @@ def max_group_rel_err(x: torch.Tensor, y: torch.Tensor, g: int) -> float:
     return (err[~zero] / norm[~zero]).max().item() if (~zero).any() else 0.0
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> float:
     """Best of `repeat` timed calls after one warm-up call (seconds); `comm` and `cluster` use it too."""
     fn()
-    _sync(device)
+    sync_device(device)
     best = math.inf
     for _ in range(max(1, repeat)):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync_device(device)
         best = min(best, time.perf_counter() - t0)
     return best
 

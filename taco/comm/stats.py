@@ -100,6 +100,13 @@ class Clock:
         return nullcontext() if self.site is None else _Timed(self, what)
 
 
+def sync_device(device: torch.device) -> None:
+    """Wait for the work queued on `device` (a no-op on the CPU, where every op is synchronous);
+    for timing outside the hot path only."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _Timed:
     def __init__(self, clock: Clock, what: str) -> None:
         self.clock, self.what = clock, what

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from taco import comm
 from taco.codec import Codec
 from taco.comm import CommPolicy
+from taco.comm.stats import sync_device
 from taco.parallel.mappings import SEQ_DIM
 
 PROBED_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -104,11 +105,6 @@ class SiteRecorder:
             self.messages[site] = Message(op, tuple(x.shape), x.dtype, codec)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class AutoPolicy:
     """The step hook of `compression.when = "auto"` for one rank's TP policy (see the module doc)."""
 
@@ -173,10 +169,10 @@ class AutoPolicy:
         for i in range(self.repeats + 1):
             for compress in (False, True):
                 dist.barrier(group=self.group)
-                _sync(self.device)
+                sync_device(self.device)
                 t0 = time.perf_counter()
                 self._call(m, x, m.codec if compress else None)
-                _sync(self.device)
+                sync_device(self.device)
                 if i:  # the first round warms buffers and kernels up
                     times[compress].append(time.perf_counter() - t0)
         return Timing(statistics.median(times[False]), statistics.median(times[True]))
