@@ -15,6 +15,7 @@ import torch.distributed as dist
 import taco
 import taco.comm as tc
 import taco.kernels as K
+from taco.codec.specs import parse_spec
 from taco.kernels import native
 from tests.dist import assert_equal, run_distributed
 
@@ -24,18 +25,19 @@ pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeW
 G = 128
 # every lossy codec, and lean per-group scale formats as "name/scale_fmt" (issue 13)
 SCALED = ["taco/bf16", "taco-1s/e8m0", "fp8-group/e8m0", "int8-hadamard/e8m0", "int6-hadamard/bf16",
-          "int6-hadamard/e8m0", "int5-hadamard/e8m0"]  # fmt: skip
-LOSSY = [n for n in taco.list_codecs() if n != "none"] + SCALED
+          "int6-hadamard/e8m0", "int5-hadamard/e8m0", "int6-hadamard(signs=auto)/bf16"]  # fmt: skip
+LOSSY = [n for n in taco.list_codecs() if n != "none"] + ["int6-hadamard(signs=auto)"] + SCALED
 BACKENDS = ["eager", "native", "triton"]
 SUB = 2.0**-149  # fp32's subnormal step
 
 
 def build(name: str, backend: str = "auto"):
-    """A codec from a LOSSY entry ("name" or "name/scale_fmt"); fp8-tensor has the reference only."""
-    base, _, sfmt = name.partition("/")
+    """A codec from a LOSSY entry ("name" or "spec/scale_fmt"); fp8-tensor has the reference only."""
+    spec, _, sfmt = name.partition("/")
+    base, opts = parse_spec(spec)
     if base == "fp8-tensor":
         return taco.get_codec(base)
-    return taco.get_codec(base, backend=backend, **({"scale_fmt": sfmt} if sfmt else {}))
+    return taco.get_codec(base, backend=backend, **opts, **({"scale_fmt": sfmt} if sfmt else {}))
 
 
 def served(name: str, backend: str) -> bool:

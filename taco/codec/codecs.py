@@ -13,7 +13,9 @@
 | int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
 
 The intB-hadamard codecs take `signs=True`: the randomized Hadamard (a fixed +-1 diagonal before
-the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation.
+the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation;
+`signs="auto"` picks per group whichever of the two quantizes with less error (the choice is the
+sign of the group's scale, so fp32 or bf16 scales only).
 
 Group codecs cut the flattened tensor into groups of G along `axis` (default: the last, i.e.
 contiguous memory); the tail is zero-padded on the wire. Wire layout of one chunk:
@@ -34,7 +36,7 @@ from . import backend as kb
 from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
-from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, signed_hadamard
+from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips, signed_hadamard
 from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
@@ -292,9 +294,12 @@ class Int8GroupCodec(IntGroupCodec):
 
 
 class IntHadamardCodec(IntGroupCodec):
-    """Base of the intB-hadamard codecs: with signs=True, the randomized Hadamard transform (each
-    group times a fixed +-1 diagonal D before the rotation and after its inverse; `hadamard.sign_flips`),
-    which spreads groups the plain rotation concentrates (constant or Walsh-like groups)."""
+    """Base of the intB-hadamard codecs. `signs`: False, the plain rotation; True, the randomized
+    Hadamard transform (each group times a fixed +-1 diagonal D before the rotation and after its
+    inverse; `hadamard.sign_flips`), which spreads groups the plain rotation concentrates (constant or
+    Walsh-like groups); "auto", per group the one of the two with the smaller quantization error, the
+    choice carried by the sign of the group's scale (same bytes; fp32 or bf16 scales, which have a
+    sign bit; docs/design.md 1.2)."""
 
     rotate = True
 
@@ -304,22 +309,33 @@ class IntHadamardCodec(IntGroupCodec):
         axis: int = -1,
         backend: str = "auto",
         scale_fmt: str = "fp32",
-        signs: bool = False,
+        signs: bool | str = False,
     ) -> None:
-        if not isinstance(signs, bool):
-            raise TypeError(f"{self.name}: signs must be a bool, got {signs!r}")
+        if isinstance(signs, str) and signs.lower() == "auto":
+            signs = "auto"
+            if scale_fmt == "e8m0":
+                raise ValueError(
+                    f"{self.name}: signs='auto' stores its per-group choice in the scale's sign bit, which "
+                    "e8m0 scales do not have: use scale_fmt 'fp32' or 'bf16'"
+                )
+        elif not isinstance(signs, bool):
+            raise TypeError(f"{self.name}: signs must be a bool or 'auto', got {signs!r}")
         self.signs = signs
         super().__init__(group_size, axis, backend, scale_fmt)
 
     def _options(self) -> str:
-        return super()._options() + (",signs=True" if self.signs else "")
+        return super()._options() + ("" if self.signs is False else f",signs={self.signs}")
 
     def _args(self, device: torch.device) -> tuple:
+        if self.signs == "auto":
+            return (*super()._args(device), sign_flips(self.group_size, device))
         if not self.signs:
             return super()._args(device)
         return (signed_hadamard(self.group_size, device), self.qmax, self.scale_fmt)
 
     def _dargs(self, device: torch.device) -> tuple:
+        if self.signs == "auto":
+            return (*super()._dargs(device), sign_flips(self.group_size, device))
         if not self.signs:
             return super()._dargs(device)
         return (signed_hadamard(self.group_size, device, decode=True),)

@@ -91,15 +91,41 @@ def fp8_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, fp8: to
 
 
 def int_encode(
-    xg: torch.Tensor, h: torch.Tensor | None, qmax: int, sfmt: str = "fp32"
+    xg: torch.Tensor, h: torch.Tensor | None, qmax: int, sfmt: str = "fp32", flips: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Optional rotation, absmax scale (rounded up onto `sfmt`), round-half-even to ints in
-    [-qmax, qmax] -> (q int8, s [ng, 1])."""
+    [-qmax, qmax] -> (q int8, s [ng, 1]).
+
+    With `flips` (the randomized Hadamard's +-1 diagonal D, [G]; the intB-hadamard codecs'
+    signs="auto"), each group is quantized twice, rotated by `h` and as (x D) `h`, and keeps the one
+    with the smaller squared error; the choice is the sign of its scale (scales are > 0 or NaN, so the
+    bit is free): negative means x D was rotated. The errors are compared in code units, which makes
+    the choice independent of the group's magnitude (no underflow at 1e-30):
+    e_k = sum((q_k - z_k / s_k)^2), x D kept where (e_2 * r) * r < e_1 with r = s_2 / s_1
+    (ties and NaN groups: `h`)."""
     z = _rotate(xg, h)
+    v, s, t = _int_quant(z, qmax, sfmt)
+    if flips is None:
+        return v.to(torch.int8), s
+    v2, s2, t2 = _int_quant(_rotate(xg * flips, h), qmax, sfmt)
+    r = s2 / s
+    pick = ((v2 - t2).square().sum(1, keepdim=True) * r) * r < (v - t).square().sum(1, keepdim=True)
+    return torch.where(pick, v2, v).to(torch.int8), torch.where(pick, -s2, s)  # NaN groups: pick False
+
+
+def _int_quant(z: torch.Tensor, qmax: int, sfmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotated groups -> (codes as fp32, scales [ng, 1], z / s: the values in code units)."""
     s = round_up(absmax_scale(z.abs().amax(1, keepdim=True), qmax), sfmt)
-    v = torch.round(z / s).clamp_(-qmax, qmax).nan_to_num_(0.0)  # NaN groups: s is NaN already
-    return v.to(torch.int8), s
+    t = z / s
+    return torch.round(t).clamp_(-qmax, qmax).nan_to_num_(0.0), s, t  # NaN groups: s is NaN already
 
 
-def int_decode(q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-    return _rotate(q.float() * s, h)
+def int_decode(
+    q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, flips: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Codes times scales, rotated back. With `flips` (see `int_encode`): the scale's magnitude, and
+    the groups whose scale is negative times D after the rotation (0 - y, so zeros stay +0)."""
+    if flips is None:
+        return _rotate(q.float() * s, h)
+    y = _rotate(q.float() * s.abs(), h)
+    return torch.where(torch.signbit(s) & (flips < 0), 0.0 - y, y)

@@ -194,6 +194,7 @@ def implements(codec) -> bool:
     ok = fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
     bits = getattr(codec, "bits", 8)
     ok = ok and (2 <= bits <= 8 if fam == "int" else bits == 8)
+    ok = ok and getattr(codec, "signs", False) != "auto"  # per-group choice: the eager reference
     return ok and getattr(codec, "scale_fmt", "fp32") in SFMT
 
 

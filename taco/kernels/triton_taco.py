@@ -300,6 +300,7 @@ def supports(codec, device: torch.device) -> bool:
     ok_dev = device.type == "cuda" or (INTERPRET and device.type == "cpu")
     fam = getattr(codec, "family", None)
     ok = fam in KIND and (codec.bits == 8 or (fam == "int" and 2 <= codec.bits <= 8))
+    ok = ok and getattr(codec, "signs", False) != "auto"  # per-group choice: the eager reference
     return ok_dev and ok and getattr(codec, "scale_fmt", "fp32") in _SFMT and codec.group_size <= 512
 
 
