@@ -104,3 +104,17 @@ def test_decode_of_a_flagged_group():
     z = torch.zeros(3 * G)
     yz = auto.roundtrip(z)
     assert torch.equal(yz, z) and not yz.signbit().any()
+
+
+def test_bench_codec_rows_keep_auto_apart(tmp_path):
+    """`taco bench codec` labels: signs=True, signs="auto" and another group size are separate rows."""
+    from tests.test_bench_codec import run_json
+
+    auto = "int6-hadamard+signs=auto"
+    codecs = ",".join(["taco", "int6-hadamard(signs=true)", "int6-hadamard(signs=auto)",
+                       "int6-hadamard(group_size=64,signs=auto)"])  # fmt: skip
+    res = run_json(tmp_path, "--codecs", codecs, "--families", "gaussian", "--scale-fmts", "bf16")
+    names = [r["codec"] for r in res["fidelity"]]
+    assert names == ["taco/bf16", "int6-hadamard+signs/bf16", f"{auto}/bf16", f"{auto}/G64/bf16"]
+    sq = {r["codec"]: r["sqnr_db"]["gaussian"] for r in res["fidelity"]}
+    assert sq["int6-hadamard+signs=auto/bf16"] > sq["int6-hadamard+signs/bf16"] + 0.3

@@ -135,10 +135,12 @@ def make_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32"
     return taco.get_codec(name, **opts)
 
 
-def label(name: str, scale_fmt: str, signs: bool = False) -> str:
-    """A codec's row label: its name, "+signs" for the randomized Hadamard, "/bf16" or "/e8m0" for a
-    lean scale format."""
-    name += "+signs" if signs else ""
+def label(name: str, scale_fmt: str, signs: bool | str = False, group_size: int | None = None) -> str:
+    """A codec's row label: its name, "+signs" for the randomized Hadamard ("+signs=auto" for the
+    per-group choice), "/G64" for a group size other than the run's, "/bf16" or "/e8m0" for a lean
+    scale format."""
+    name += "" if not signs else "+signs=auto" if signs == "auto" else "+signs"
+    name += f"/G{group_size}" if group_size else ""
     return name if scale_fmt == "fp32" else f"{name}/{scale_fmt}"
 
 
@@ -165,7 +167,7 @@ def measure(codec: taco.Codec, x: torch.Tensor, repeat: int, group_size: int, co
     g = getattr(codec, "group_size", group_size)
     sf = getattr(codec, "scale_fmt", "fp32")
     return {
-        "codec": label(codec.name, sf, getattr(codec, "signs", False)),
+        "codec": label(codec.name, sf, getattr(codec, "signs", False), g if g != group_size else None),
         "scale_fmt": sf,
         "spec": codec.spec,
         "bytes_per_elem": packed.nbytes / n,
