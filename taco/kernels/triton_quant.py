@@ -1,10 +1,11 @@
-"""Per-group quantization steps of the Triton kernels' one-scale codecs (FP8 and intB): the absmax
-scale, round-half-even integer codes, and the intB-hadamard `signs="auto"` choice between two rotations.
+"""Per-group quantization steps of the Triton kernels: the absmax scale (FP8, intB), taco's s_q,
+round-half-even integer codes, and the intB-hadamard `signs="auto"` choice between two rotations.
 
 Why a file of its own: `triton_taco.py` holds the tiles (load, rotate, store) and `triton_bits.py` the
 wire bits; these are the steps between, each the twin of `taco.codec.functional` (`absmax_scale`,
-`_int_quant`, `int_encode(..., flips=D)`), with the same fp32 operations so the interpreter and the
-GPU reproduce the reference's bytes (only `tl.sum`'s order differs from torch's reductions).
+`taco_encode`, `_int_quant`, `int_encode(..., flips=D)`), with the same fp32 operations so the
+interpreter and the GPU reproduce the reference's bytes (only `tl.sum`'s order differs from torch's
+reductions).
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ def _absmax_scale(z, qm, R: tl.constexpr, SFMT: tl.constexpr):
     units = tl.div_rn(tl.where(sub, amax, 0.0), qv * 1.401298464324817e-45)  # 2^-149
     s = tl.where(sub, tl.math.ceil(units) * 1.401298464324817e-45, s)
     s = tl.where(amax > 0, s, 1.0)
+    return _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
+
+
+@triton.jit
+def _taco_scale(z, target, R: tl.constexpr, SFMT: tl.constexpr):
+    """taco's s_q (functional.taco_encode): clamp(max(absmax, 1e-12) / target, 1e-12, 1e6), rounded up
+    onto SFMT; NaN for rows holding NaN or Inf."""
+    bad = tl.max((z != z).to(tl.int32), axis=1) > 0  # NaN anywhere in the group
+    amax = tl.max(tl.abs(z), axis=1)
+    s = tl.div_rn(tl.where(amax < 1e-12, 1e-12, amax), tl.full((R,), 1.0, tl.float32) * target)
+    s = tl.where(s < 1e-12, 1e-12, s)
+    s = tl.where(s > 1e6, 1e6, s)
     return _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
 
 

@@ -2,7 +2,8 @@
 
 Why fused: the eager reference makes ~15 passes over fp32 copies of the tensor; each kernel here
 makes one pass from the input dtype straight to the wire layout `[q: ng*G*BITS/8][s_0 x ng][s_1]`
-(BITS = 2..8 bit-packed integer codes, scales in fp32/bf16/e8m0: `triton_bits.py`).
+(BITS = 2..8 bit-packed integer codes, scales in fp32/bf16/e8m0: `triton_bits.py`; the per-group
+scales, integer codes and the signs="auto" choice: `triton_quant.py`).
 Imported lazily by `taco.kernels` (never at `import taco`), only where triton is importable.
 
 Per tile of R groups (docs/design.md 1.1): load, stats, adaptive scale (taco), Walsh-Hadamard rotation,
@@ -42,7 +43,7 @@ from .triton_bits import (
     _store_codes,
     _store_scale,
 )
-from .triton_quant import _absmax_scale, _int_quant, _pick
+from .triton_quant import _absmax_scale, _int_quant, _pick, _taco_scale
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ROWWISE = tl.constexpr(INTERPRET)  # see _dot
@@ -157,13 +158,6 @@ def _encode_tile(
     if SIGNS and not PICK:  # the randomized Hadamard: x D (exact)
         x = _flip_signs(x, G, SIGNS)
     z = _rotate(x, sqrt_g, R, G, HB, NSPLIT, DOT) if ROTATE else x
-    if KIND == 0:
-        bad = tl.max((z != z).to(tl.int32), axis=1) > 0  # NaN anywhere in the group
-        amax = tl.max(tl.abs(z), axis=1)
-        s = tl.div_rn(tl.where(amax < 1e-12, 1e-12, amax), tl.full((R,), 1.0, tl.float32) * target)
-        s = tl.where(s < 1e-12, 1e-12, s)
-        s = tl.where(s > 1e6, 1e6, s)
-        s = _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
     if KIND == 2:
         r, s, t = _int_quant(z, qmax, R, G, SFMT)
         if PICK:  # the same with x D rotated; the kept one's scale carries the choice in its sign
@@ -172,8 +166,7 @@ def _encode_tile(
             r, s = _pick(r, s, t, r2, s2, t2)
         _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
-        if KIND == 1:
-            s = _absmax_scale(z, fmax, R, SFMT)
+        s = _taco_scale(z, target, R, SFMT) if KIND == 0 else _absmax_scale(z, fmax, R, SFMT)
         t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
         t = tl.where(t < -fmax, -fmax, t)
         t = tl.where(t > fmax, fmax, t)
@@ -247,8 +240,7 @@ def _decode_kernel(
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         y = _decode_tile(
-            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS,
-            PICK,
+            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK
         )
         if OUT == 1:
             tl.store(y_ptr + idx, _bf16_bits(y), mask=idx < n)
