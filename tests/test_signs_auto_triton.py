@@ -128,3 +128,12 @@ def test_spec_signs_mode():
     for signs, want in ((False, (0, False)), (True, (3, False)), ("auto", (3, True))):
         sp = _Spec.of(taco.get_codec("int6-hadamard", group_size=64, signs=signs))
         assert (sp.consts()["SIGNS"], sp.consts()["PICK"]) == want, signs
+
+
+def test_gpu_check_times_the_auto_codec_after_int6_hadamard():
+    triton_or_skip()
+    from benchmarks.gpu_common import triton_codecs
+
+    specs = [c.spec for c in triton_codecs(torch.device("cpu"))]
+    auto = "int6-hadamard(group_size=64,signs=auto,scale_fmt=bf16)"
+    assert specs[specs.index("int6-hadamard(group_size=128)") + 1] == auto, specs
