@@ -114,7 +114,7 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
                 bw = (moved[op] / t[op]) / (4 * n / t_copy)
                 cells.append(f"{ratio:5.2f}x {bw:4.2f}bw")
                 if mib == max(sizes):
-                    worst[(c.name, op)] = ratio
+                    worst[(c.spec, op)] = ratio  # spec: two codecs may share a name
             print(
                 f"{c.spec:36s} {size_str(mib):>8s} {fmt_us(t_copy)} {4 * n / t_copy / 1e9:7.1f} "
                 + " ".join(f"{s:>14s}" for s in cells),
@@ -124,9 +124,9 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
     for op in ("encode", "decode", "dse"):
         vals = [r for (_, o), r in worst.items() if o == op]
         parts.append(f"{op} {min(vals):.2f}-{max(vals):.2f}")
-    ref = "taco" if any(name == "taco" for name, _ in worst) else next(iter(worst))[0]
-    mine = "/".join(f"{worst[(ref, op)]:.2f}" for op in ("encode", "decode", "dse"))
-    key(f"x copy time at {size_str(big)}: " + ", ".join(parts) + f" ({ref} {mine})")
+    ref = next((c for c in codecs if c.name == "taco"), codecs[0])
+    mine = "/".join(f"{worst[(ref.spec, op)]:.2f}" for op in ("encode", "decode", "dse"))
+    key(f"x copy time at {size_str(big)}: " + ", ".join(parts) + f" ({ref.name} {mine})")
     return 0
 
 

@@ -12,8 +12,9 @@
 #                                 (skipped, with the reason, if pytest is missing)
 #   codec-bandwidth       70 s    encode / decode / fused decode-sum-encode (N=8: 7 received chunks
 #                                 + own) of 16, 64 and 256 MiB bf16 messages, for every codec that
-#                                 taco.kernels serves with a Triton kernel, as time ratios to a
-#                                 device-to-device copy of the message measured in the same run
+#                                 taco.kernels serves with a Triton kernel (and the variants in
+#                                 gpu_common.EXTRA_SPECS, e.g. int6-hadamard with signs=auto), as time
+#                                 ratios to a device-to-device copy of the message measured in the same run
 #   host-overhead         30 s    CPU time to issue one codec.encode + codec.decode at 0.25-4 MiB vs
 #                                 the GPU time of the kernels (launch/host overhead)
 #   allreduce-replay      60 s    one rank of an N=8 two-shot all-reduce of 64 MiB bf16, compute only

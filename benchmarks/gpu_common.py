@@ -99,26 +99,35 @@ class Timer:
 
 
 # -- the codecs with a Triton kernel ---------------------------------------------------------------
+# Timed besides the registry's defaults, each right after the codec of its name: issue 13's candidate
+# (signs="auto" quantizes every group under both rotations).
+EXTRA_SPECS = ("int6-hadamard(group_size=64,scale_fmt=bf16,signs=auto)",)
+
+
 def triton_codecs(device) -> list:
     """Every registered codec whose wire-level calls the Triton kernels serve on `device`.
 
     Asked of the codec (`codec.kernel(device)`, the one backend interface), not hard-coded: each
-    codec of `list_codecs()` that accepts a backend, built with backend="triton" and default options.
+    codec of `list_codecs()` that accepts a backend, built with backend="triton" and default options,
+    followed by the `EXTRA_SPECS` of its name.
     """
     import taco
     import taco.kernels as K
     from taco.codec import accepted_options
+    from taco.codec.specs import parse_spec
 
     if not K.triton_available():
         return []
+    extra = [parse_spec(s) for s in EXTRA_SPECS]
     out = []
     for name in taco.list_codecs():
         opts = accepted_options(name, {"backend": "triton"})
         if not opts:
             continue
-        c = taco.get_codec(name, **opts)
-        if c.kernel(device).name == "triton":
-            out.append(c)
+        variants = [{}] + [o for n, o in extra if n == name]
+        for c in (taco.get_codec(name, **opts, **o) for o in variants):
+            if c.kernel(device).name == "triton":
+                out.append(c)
     return out
 
 

@@ -2,7 +2,8 @@
 
 Why fused: the eager reference makes ~15 passes over fp32 copies of the tensor; each kernel here
 makes one pass from the input dtype straight to the wire layout `[q: ng*G*BITS/8][s_0 x ng][s_1]`
-(BITS = 2..8 bit-packed integer codes, scales in fp32/bf16/e8m0: `triton_bits.py`).
+(BITS = 2..8 bit-packed integer codes, scales in fp32/bf16/e8m0: `triton_bits.py`; the per-group
+scales, integer codes and the signs="auto" choice: `triton_quant.py`).
 Imported lazily by `taco.kernels` (never at `import taco`), only where triton is importable.
 
 Per tile of R groups (docs/design.md 1.1): load, stats, adaptive scale (taco), Walsh-Hadamard rotation,
@@ -42,6 +43,7 @@ from .triton_bits import (
     _store_codes,
     _store_scale,
 )
+from .triton_quant import _absmax_scale, _int_quant, _pick, _taco_scale
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ROWWISE = tl.constexpr(INTERPRET)  # see _dot
@@ -118,6 +120,13 @@ def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.
 
 
 @triton.jit
+def _rotate(x, sqrt_g, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr,
+            DOT: tl.constexpr):  # fmt: skip
+    """x [R, G] -> x @ H_G / sqrt(G) (the reference's rounding: the exact product sums, then one division)."""
+    return tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
+
+
+@triton.jit
 def _load_x(x_ptr, idx, n, IN: tl.constexpr):
     """Input tile as fp32, zero-padded beyond n. IN: 0 fp32, 1 bf16 (given as int16 bits), 2 fp16."""
     if IN == 1:
@@ -132,9 +141,10 @@ def _encode_tile(
     x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
-    SIGNS: tl.constexpr,
+    SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
-    """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs)."""
+    """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs).
+    PICK (intB-hadamard signs="auto"): both rotations, per group the one with less error (`_pick`)."""
     cols = tl.arange(0, G)
     rmask = rows < ng
     sa = tl.zeros((R,), tl.float32)
@@ -145,35 +155,19 @@ def _encode_tile(
         sa = tl.where(sa > 1e3, 1e3, sa)
         sa = _round_scale(sa, SFMT)
         x = x * sa[:, None]
-    if SIGNS:  # the randomized Hadamard: x D (exact)
+    if SIGNS and not PICK:  # the randomized Hadamard: x D (exact)
         x = _flip_signs(x, G, SIGNS)
-    if ROTATE:
-        z = tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
-    else:
-        z = x
-    bad = tl.max((z != z).to(tl.int32), axis=1) > 0  # NaN anywhere in the group
-    amax = tl.max(tl.abs(z), axis=1)
-    if KIND == 0:
-        s = tl.div_rn(tl.where(amax < 1e-12, 1e-12, amax), tl.full((R,), 1.0, tl.float32) * target)
-        s = tl.where(s < 1e-12, 1e-12, s)
-        s = tl.where(s > 1e6, 1e6, s)
-    else:
-        qm = tl.full((R,), 1.0, tl.float32) * (fmax if KIND == 1 else qmax)
-        s = tl.div_rn(amax, qm)
-        # a subnormal scale is rounded up on the 2^-149 grid (absmax_scale); the products are exact
-        sub = s < 1.1754943508222875e-38  # 2^-126
-        units = tl.div_rn(tl.where(sub, amax, 0.0), qm * 1.401298464324817e-45)  # 2^-149
-        s = tl.where(sub, tl.math.ceil(units) * 1.401298464324817e-45, s)
-        s = tl.where(amax > 0, s, 1.0)
-    s = _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
-    t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
+    z = _rotate(x, sqrt_g, R, G, HB, NSPLIT, DOT) if ROTATE else x
     if KIND == 2:
-        r = (t + 12582912.0) - 12582912.0  # round half to even (|t| <= qmax)
-        r = tl.where(r < -qmax, -qmax, r)
-        r = tl.where(r > qmax, qmax, r)
-        r = tl.where(r != r, 0.0, r)
+        r, s, t = _int_quant(z, qmax, R, G, SFMT)
+        if PICK:  # the same with x D rotated; the kept one's scale carries the choice in its sign
+            r2, s2, t2 = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
+                                    qmax, R, G, SFMT)  # fmt: skip
+            r, s = _pick(r, s, t, r2, s2, t2)
         _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
+        s = _taco_scale(z, target, R, SFMT) if KIND == 0 else _absmax_scale(z, fmax, R, SFMT)
+        t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
         t = tl.where(t < -fmax, -fmax, t)
         t = tl.where(t > fmax, fmax, t)
         code = _fp8_bits(t, FMT)
@@ -188,8 +182,10 @@ def _decode_tile(
     q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr,
 ):  # fmt: skip
-    """Decode the groups `rows` to a [R, G] fp32 tile (docs/design.md 1.1 step 5)."""
+    """Decode the groups `rows` to a [R, G] fp32 tile (docs/design.md 1.1 step 5). PICK: the groups
+    with a negative scale were rotated as x D, so decode with |s| and flip them after the rotation."""
     cols = tl.arange(0, G)
     rmask = rows < ng
     if KIND == 2:
@@ -198,11 +194,16 @@ def _decode_tile(
         b = tl.load(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], mask=rmask[:, None], other=0)
         v = _fp8_value(b, FMT)
     s = _load_scale(s0_ptr, rows, rmask, SFMT)
+    if PICK:
+        flip = s < 0
+        s = tl.abs(s)
     if ROTATE:  # (q @ H) * s: the codes are exact in bf16, one dot
         y = tl.div_rn(_hadamard(v, R, G, HB, 1, DOT) * s[:, None], tl.full((R, G), 1.0, tl.float32) * sqrt_g)
     else:
         y = v * s[:, None]
-    if SIGNS:
+    if PICK:
+        y = tl.where(flip[:, None], _flip_signs(y, G, SIGNS), y)
+    elif SIGNS:
         y = _flip_signs(y, G, SIGNS)
     if KIND == 0:
         sa = _load_scale(s1_ptr, rows, rmask, SFMT)
@@ -216,7 +217,7 @@ def _encode_kernel(
     x_ptr, q_ptr, s0_ptr, s1_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr, BITS: tl.constexpr,
-    SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    SFMT: tl.constexpr, SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -224,7 +225,7 @@ def _encode_kernel(
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         x = _load_x(x_ptr, idx, n, IN)
         _encode_tile(x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
-                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT, SIGNS)  # fmt: skip
+                     KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
 
 
 @triton.jit
@@ -232,14 +233,14 @@ def _decode_kernel(
     q_ptr, s0_ptr, s1_ptr, y_ptr, n, ng, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
-    SIGNS: tl.constexpr,
+    SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         y = _decode_tile(
-            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS
+            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK
         )
         if OUT == 1:
             tl.store(y_ptr + idx, _bf16_bits(y), mask=idx < n)
@@ -257,7 +258,7 @@ def _decode_sum_encode_kernel(
     oq_ptr, os0_ptr, os1_ptr, sum_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
     R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, SUM_OUT: tl.constexpr, ENC: tl.constexpr,
-    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
@@ -269,8 +270,9 @@ def _decode_sum_encode_kernel(
                 y = _load_x(own_ptr, idx, n, OWN_IN)
             else:
                 k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
-                y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows,
-                                 ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS)  # fmt: skip
+                y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows, ng,
+                                 sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS,
+                                 PICK)  # fmt: skip
             y = tl.where(idx < n, y, 0.0)
             acc = tl.where(t == 0, y, acc + y)
         if SUM:
@@ -282,7 +284,7 @@ def _decode_sum_encode_kernel(
                 tl.store(sum_ptr + idx, acc, mask=idx < n)
         if ENC:
             _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
-                         KIND, ROTATE, FMT, G, HB, R, 3, DOT, BITS, SFMT, SIGNS)  # fmt: skip
+                         KIND, ROTATE, FMT, G, HB, R, 3, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
 
 
 # -- host side ------------------------------------------------------------------------------------
@@ -296,11 +298,10 @@ def runs_here(t: torch.Tensor) -> bool:
 
 def supports(codec, device: torch.device) -> bool:
     """Whether the wire-level kernels handle this codec on `device` (FP8 or 2..8-bit integer codes,
-    fp32/bf16/e8m0 scales, G <= 512)."""
+    fp32/bf16/e8m0 scales, G <= 512; intB-hadamard with signs False, True or "auto")."""
     ok_dev = device.type == "cuda" or (INTERPRET and device.type == "cpu")
     fam = getattr(codec, "family", None)
     ok = fam in KIND and (codec.bits == 8 or (fam == "int" and 2 <= codec.bits <= 8))
-    ok = ok and getattr(codec, "signs", False) != "auto"  # per-group choice: the eager reference
     return ok_dev and ok and getattr(codec, "scale_fmt", "fp32") in _SFMT and codec.group_size <= 512
 
 
@@ -340,10 +341,11 @@ class _Spec:
 
     def __init__(
         self, kind: str, g: int, rotate: bool, fp8=None, fmax=0.0, lam=0.0, target=1.0, qmax=0.0,
-        bits: int = 8, sfmt: str = "fp32", signs: bool = False,
+        bits: int = 8, sfmt: str = "fp32", signs: bool | str = False,
     ):  # fmt: skip
         self.kind, self.g, self.rotate = KIND[kind], g, bool(rotate)
         self.signs = (g.bit_length() - 1) // 2 if signs and rotate else 0  # SIGNS: m of sign_flips
+        self.pick = signs == "auto" and self.signs > 0  # PICK: per group plain or x D (int_encode flips)
         self.bits, self.sfmt = bits, _SFMT[sfmt]
         self.fmt = _FP8.get(fp8, 0)
         self.fmax, self.lam, self.target, self.qmax = float(fmax), float(lam), float(target), float(qmax)
@@ -363,7 +365,7 @@ class _Spec:
     def consts(self) -> dict:
         return dict(
             KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
-            BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs,
+            BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs, PICK=self.pick,
         )  # fmt: skip
 
     def encode(self, x: torch.Tensor, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None) -> None:

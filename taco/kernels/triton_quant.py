@@ -1,0 +1,74 @@
+"""Per-group quantization steps of the Triton kernels: the absmax scale (FP8, intB), taco's s_q,
+round-half-even integer codes, and the intB-hadamard `signs="auto"` choice between two rotations.
+
+Why a file of its own: `triton_taco.py` holds the tiles (load, rotate, store) and `triton_bits.py` the
+wire bits; these are the steps between, each the twin of `taco.codec.functional` (`absmax_scale`,
+`taco_encode`, `_int_quant`, `int_encode(..., flips=D)`), with the same fp32 operations so the
+interpreter and the GPU reproduce the reference's bytes (only `tl.sum`'s order differs from torch's
+reductions).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_bits import _round_scale
+
+
+@triton.jit
+def _absmax_scale(z, qm, R: tl.constexpr, SFMT: tl.constexpr):
+    """functional.absmax_scale of the rows of z [R, G] onto qm (fmax or qmax), rounded up onto SFMT:
+    1 for all-zero rows, NaN for rows holding NaN or Inf."""
+    bad = tl.max((z != z).to(tl.int32), axis=1) > 0  # NaN anywhere in the group
+    amax = tl.max(tl.abs(z), axis=1)
+    qv = tl.full((R,), 1.0, tl.float32) * qm
+    s = tl.div_rn(amax, qv)
+    # a subnormal scale is rounded up on the 2^-149 grid (absmax_scale); the products are exact
+    sub = s < 1.1754943508222875e-38  # 2^-126
+    units = tl.div_rn(tl.where(sub, amax, 0.0), qv * 1.401298464324817e-45)  # 2^-149
+    s = tl.where(sub, tl.math.ceil(units) * 1.401298464324817e-45, s)
+    s = tl.where(amax > 0, s, 1.0)
+    return _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
+
+
+@triton.jit
+def _taco_scale(z, target, R: tl.constexpr, SFMT: tl.constexpr):
+    """taco's s_q (functional.taco_encode): clamp(max(absmax, 1e-12) / target, 1e-12, 1e6), rounded up
+    onto SFMT; NaN for rows holding NaN or Inf."""
+    bad = tl.max((z != z).to(tl.int32), axis=1) > 0  # NaN anywhere in the group
+    amax = tl.max(tl.abs(z), axis=1)
+    s = tl.div_rn(tl.where(amax < 1e-12, 1e-12, amax), tl.full((R,), 1.0, tl.float32) * target)
+    s = tl.where(s < 1e-12, 1e-12, s)
+    s = tl.where(s > 1e6, 1e6, s)
+    return _round_scale(tl.where(bad | (amax == float("inf")), float("nan"), s), SFMT)
+
+
+@triton.jit
+def _int_codes(t, qmax):
+    """Values in code units -> round-half-even integers in [-qmax, qmax] (fp32); NaN -> 0."""
+    r = (t + 12582912.0) - 12582912.0  # round half to even (|t| <= qmax)
+    r = tl.where(r < -qmax, -qmax, r)
+    r = tl.where(r > qmax, qmax, r)
+    return tl.where(r != r, 0.0, r)
+
+
+@triton.jit
+def _int_quant(z, qmax, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr):
+    """Rotated rows z [R, G] -> (codes [R, G] fp32, scales [R], z / s: the values in code units)."""
+    s = _absmax_scale(z, qmax, R, SFMT)
+    t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
+    return _int_codes(t, qmax), s, t
+
+
+@triton.jit
+def _pick(r1, s1, t1, r2, s2, t2):
+    """signs="auto" (functional.int_encode with flips): per row the quantization with the smaller squared
+    error in code units, e_k = sum((r_k - t_k)^2); the second (the randomized rotation) is kept where
+    (e_2 * s_2/s_1) * s_2/s_1 < e_1 (ties and NaN rows: the first), and flagged by a negative scale.
+    -> (codes, signed scales)."""
+    e1 = tl.sum((r1 - t1) * (r1 - t1), axis=1)
+    e2 = tl.sum((r2 - t2) * (r2 - t2), axis=1)
+    ratio = tl.div_rn(s2, s1)
+    pick = (e2 * ratio) * ratio < e1
+    return tl.where(pick[:, None], r2, r1), tl.where(pick, 0.0 - s2, s1)
