@@ -49,7 +49,9 @@ typedef struct {
     float target;   /* taco: target range T of s_q */
     float qmax;     /* int: largest code magnitude */
     int32_t sfmt;   /* scale format: 0 fp32, 1 bf16, 2 e8m0 */
-    int32_t signs;  /* int: randomized Hadamard, x D before the rotation, D after (last: older builds read the prefix) */
+    int32_t signs;  /* int: 1 randomized Hadamard, x D before the rotation, D after; 2 "auto": per group the
+                       plain or the randomized one, the choice in the scale's sign bit (last: older builds
+                       read the prefix) */
 } cfg_t;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -417,6 +419,29 @@ static void flip_signs(float* v, int G) { /* 0 - v: -v, but +0 for zeros (as the
         if (sign_flipped(i, G)) v[i] = 0.0f - v[i];
 }
 
+/* signs="auto" (functional.int_encode with flips): the squared error, in code units, of the codes of
+   z[i * zs] / s (i < G, summed in index order), and z[i * zs] <- z / s (the values then coded with
+   scale 1: x / 1 is x). Both candidates of a group go through it; NaN groups give a NaN error. */
+INLINE float code_units(float* z, int64_t zs, int G, float s, float qmax) {
+    float e = 0.0f;
+    for (int i = 0; i < G; i++) {
+        float x = z[i * zs] / s, r = (x + 12582912.0f) - 12582912.0f; /* int_bits' rounding */
+        r = r < -qmax ? -qmax : r;
+        r = r > qmax ? qmax : r;
+        float d = r - x;
+        e += d * d;
+        z[i * zs] = x;
+    }
+    return e;
+}
+
+/* whether the randomized candidate (error e2, scale s2) is kept over the plain one (e1, s1): errors in
+   code units scaled to the same units, (e2 r) r < e1 with r = s2 / s1; ties and NaN: plain */
+static inline int auto_pick(float e1, float s1, float e2, float s2) {
+    float r = s2 / s1;
+    return (e2 * r) * r < e1;
+}
+
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
    general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
 INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G, const int LEAN) {
@@ -426,13 +451,28 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         if (LEAN) sa = round_scale(c, sa);
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
+    const int pick = LEAN && c->kind == 2 && c->rotate && c->signs == 2; /* signs="auto" */
+    float w[MAXG], sw = 0.0f;
+    if (pick) { /* the randomized candidate, as the plain one below */
+        memcpy(w, v, (size_t)G * 4);
+        flip_signs(w, G);
+        fwht(w, G);
+        for (int i = 0; i < G; i++) w[i] /= rg;
+    }
     if (c->rotate) {
-        if (LEAN && c->signs) flip_signs(v, G);
+        if (LEAN && c->signs == 1) flip_signs(v, G);
         fwht(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     s = group_scale(c, abs_max(v, G));
     if (LEAN) s = round_scale(c, s);
+    sw = s;
+    if (pick) { /* both in code units; the kept one coded with scale 1, its signed scale written */
+        float s2 = round_scale(c, group_scale(c, abs_max(w, G)));
+        float e1 = code_units(v, 1, G, s, c->qmax), e2 = code_units(w, 1, G, s2, c->qmax);
+        if (auto_pick(e1, s, e2, s2)) memcpy(v, w, (size_t)G * 4), sw = -s2;
+        s = 1.0f;
+    }
     if (c->kind == 2) {
         uint32_t t[MAXG];
         for (int i = 0; i < G; i++) t[i] = int_bits(v[i] / s, c->qmax);
@@ -446,7 +486,7 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         quant_fp8(v, s, c->fmax, c->fmt, q, G);
     }
     if (LEAN) {
-        put_scale(c, s0, 0, s);
+        put_scale(c, s0, 0, sw);
         if (c->kind == 0) put_scale(c, s1, 0, sa);
     } else {
         put_f32(s0, s);
@@ -458,6 +498,8 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
 INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
                            int G, const int LEAN) {
     float s = LEAN ? get_scale(c, s0, 0) : get_f32(s0), rg = (float)sqrt((double)G);
+    const int flip = LEAN && (c->signs == 1 || (c->signs == 2 && signbit(s))); /* auto: the sign bit */
+    if (LEAN && c->signs == 2) s = fabsf(s);
     if (LEAN && c->kind == 2) {
         unpack_codes(q, G, c->bits, s, v, 1);
     } else if (c->kind == 2) {
@@ -476,7 +518,7 @@ INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, 
     if (c->rotate) {
         fwht_a_first(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
-        if (LEAN && c->signs) flip_signs(v, G);
+        if (flip) flip_signs(v, G);
     }
     if (c->kind == 0) {
         float sa = LEAN ? get_scale(c, s1, 0) : get_f32(s1);
@@ -697,17 +739,17 @@ INLINE __m512i unpack16(const uint8_t* q, const pack16_t* k) {
     return _mm512_sra_epi32(_mm512_sllv_epi32(w, k->lsh), k->rsh);
 }
 
-/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales), 16 rows at a time in
+/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales; NULL: t in code units), 16 rows at a time in
    registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
 static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
-    const __m512 vs = _mm512_loadu_ps(s);
+    const __m512 vs = s ? _mm512_loadu_ps(s) : _mm512_set1_ps(1.0f); /* NULL: t / s given */
     fp8c_t k = fp8_consts(c->fmt);
     int bits4 = c->kind == 2 && c->bits == 4, packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
     const pack16_t pk = pack16_consts(packed ? c->bits : 2);
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
         for (int j = 0; j < 16; j++) {
-            __m512 v = _mm512_div_ps(_mm512_load_ps(t[i0 + j]), vs);
+            __m512 v = s ? _mm512_div_ps(_mm512_load_ps(t[i0 + j]), vs) : _mm512_load_ps(t[i0 + j]);
             r[j] = _mm512_castsi512_ps(c->kind == 2 ? int_bits16(v, c->qmax) : fp8_bits16(v, c->fmax, k));
         }
         tr16(r);
@@ -754,7 +796,8 @@ static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const 
         __m512 r[16];
         for (int l = 0; l < 16; l++) {
             const uint8_t* ql = q + l * pb;
-            __m512 m, s = _mm512_set1_ps(get_scale(c, s0, l));
+            float sl = get_scale(c, s0, l);
+            __m512 m, s = _mm512_set1_ps(c->signs == 2 ? fabsf(sl) : sl); /* auto: the sign is a flag */
             if (packed) {
                 m = _mm512_cvtepi32_ps(unpack16(ql + i0 * pk.B / 8, &pk));
             } else if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
@@ -833,11 +876,15 @@ static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
     }
 }
 
-/* flip_signs for L groups: rows i of t with D_i = -1 */
-static void flip_lanes(lanes_t* t, int G) {
+/* flip_signs for L groups: rows i of t with D_i = -1, in every lane (neg NULL) or where neg[l] */
+static void flip_lanes(lanes_t* t, int G, const int32_t* neg) {
     for (int i = 0; i < G; i++)
-        if (sign_flipped(i, G))
-            for (int l = 0; l < L; l++) t[i][l] = 0.0f - t[i][l];
+        if (sign_flipped(i, G)) {
+            if (!neg)
+                for (int l = 0; l < L; l++) t[i][l] = 0.0f - t[i][l];
+            else
+                for (int l = 0; l < L; l++) t[i][l] = neg[l] ? 0.0f - t[i][l] : t[i][l];
+        }
 }
 
 static void fwht_batch(lanes_t* t, int G, float rg) {
@@ -972,27 +1019,23 @@ static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const fl
 }
 #endif
 
-/* encode_group for L groups: payload of lane l at q + l * pb, its scales number l of s0/s1. */
-static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
-                         uint8_t* s1) {
-    float sa[L], s[L], amax[L];
-    if (c->kind == 0) {
-        float acc[L] = {0};
-        for (int i = 0; i < G; i++)
-            for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
-        for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
-    }
-    if (c->rotate && c->signs) flip_lanes(t, G);
+/* encode_batch's rotation: t <- (t * sa) @ H / sqrt(G) (sa: taco's per-lane s_a, else NULL) */
+static void rotate_lanes(const cfg_t* c, lanes_t* t, int G, const float* sa) {
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), c->kind == 0 ? sa : NULL, NULL, NULL);
+        fwht_batch16(t, G, (float)sqrt((double)G), sa, NULL, NULL);
 #endif
     } else {
-        if (c->kind == 0)
+        if (sa)
             for (int i = 0; i < G; i++)
                 for (int l = 0; l < L; l++) t[i][l] *= sa[l];
         if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
     }
+}
+
+/* per lane: the quantization scale of the rotated group, rounded onto the scale format */
+static void lane_scales(const cfg_t* c, lanes_t* t, int G, float* s) {
+    float amax[L];
     int nan[L];
     if (SIMD16 && G % 16 == 0) {
 #if SIMD16
@@ -1008,13 +1051,20 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             }
     }
     for (int l = 0; l < L; l++) s[l] = round_scale(c, group_scale(c, nan[l] ? NAN : amax[l]));
-    int simd = SIMD16 && G % 16 == 0;
-    uint32_t code[MAXG][L] ALIGN64;
-    if (simd) {
+}
+
+/* codes of t / s (s NULL: t is in code units already), packed: lane l's payload at q + l * pb */
+static void quant_lanes(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
+    if (SIMD16 && G % 16 == 0) {
 #if SIMD16
         quant_store16(c, t, s, G, q, pb);
 #endif
-    } else if (c->kind == 2) {
+        return;
+    }
+    static const float one[L] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    if (!s) s = one; /* x / 1 is x */
+    uint32_t code[MAXG][L] ALIGN64;
+    if (c->kind == 2) {
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = int_bits(t[i][l] / s[l], c->qmax);
     } else {
@@ -1022,8 +1072,75 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
     }
+    for (int l = 0; l < L; l++) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
+}
+
+/* code_units for L groups (per lane: error summed in index order, as the single-group path) */
+static void code_units_lanes(lanes_t* t, int G, const float* s, float qmax, float* err) {
+#if SIMD16
+    if (G % 16 == 0) {
+        const __m512 vs = _mm512_loadu_ps(s), C = _mm512_set1_ps(12582912.0f);
+        const __m512 hi = _mm512_set1_ps(qmax), lo = _mm512_set1_ps(-qmax);
+        __m512 e = _mm512_setzero_ps();
+        for (int i = 0; i < G; i++) {
+            __m512 x = _mm512_div_ps(_mm512_load_ps(t[i]), vs), r = _mm512_sub_ps(_mm512_add_ps(x, C), C);
+            r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, lo, _CMP_LT_OQ), lo);
+            r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, hi, _CMP_GT_OQ), hi);
+            __m512 d = _mm512_sub_ps(r, x);
+            e = add_first(e, _mm512_mul_ps(d, d));
+            _mm512_store_ps(t[i], x);
+        }
+        _mm512_storeu_ps(err, e);
+        return;
+    }
+#endif
+    for (int l = 0; l < L; l++) err[l] = code_units(&t[0][l], L, G, s[l], qmax);
+}
+
+/* signs="auto" of L groups (int, rotated): both candidates rotated, scaled and coded in code units,
+   each lane keeps the one with the smaller error (auto_pick), its scale written negative when the
+   randomized one is kept */
+static void encode_batch_auto(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0) {
+    lanes_t u[MAXG] ALIGN64;
+    float s[L], s2[L], e1[L], e2[L];
+    int32_t pick[L];
+    for (int i = 0; i < G; i++) /* u = t D (0 - t: exact, zeros +0) */
+        if (sign_flipped(i, G))
+            for (int l = 0; l < L; l++) u[i][l] = 0.0f - t[i][l];
+        else
+            memcpy(u[i], t[i], sizeof(lanes_t));
+    rotate_lanes(c, t, G, NULL);
+    rotate_lanes(c, u, G, NULL);
+    lane_scales(c, t, G, s);
+    lane_scales(c, u, G, s2);
+    code_units_lanes(t, G, s, c->qmax, e1);
+    code_units_lanes(u, G, s2, c->qmax, e2);
+    for (int l = 0; l < L; l++) pick[l] = auto_pick(e1[l], s[l], e2[l], s2[l]);
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) t[i][l] = pick[l] ? u[i][l] : t[i][l];
+    quant_lanes(c, t, NULL, G, q, pb);
+    for (int l = 0; l < L; l++) put_scale(c, s0, l, pick[l] ? -s2[l] : s[l]);
+}
+
+/* encode_group for L groups: payload of lane l at q + l * pb, its scales number l of s0/s1. */
+static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
+                         uint8_t* s1) {
+    if (c->kind == 2 && c->rotate && c->signs == 2) {
+        encode_batch_auto(c, t, G, q, pb, s0);
+        return;
+    }
+    float sa[L], s[L];
+    if (c->kind == 0) {
+        float acc[L] = {0};
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
+        for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
+    }
+    if (c->rotate && c->signs == 1) flip_lanes(t, G, NULL);
+    rotate_lanes(c, t, G, c->kind == 0 ? sa : NULL);
+    lane_scales(c, t, G, s);
+    quant_lanes(c, t, s, G, q, pb);
     for (int l = 0; l < L; l++) {
-        if (!simd) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
         put_scale(c, s0, l, s[l]);
         if (c->kind == 0) put_scale(c, s1, l, sa[l]);
     }
@@ -1049,6 +1166,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     for (int l = 0; l < L; l++) {
         const uint8_t* ql = q + l * pb;
         float s = get_scale(c, s0, l);
+        if (c->signs == 2) s = fabsf(s); /* auto: the sign is a flag */
         if (c->kind == 2) {
             unpack_codes(ql, G, c->bits, s, &t[0][l], L);
         } else {
@@ -1072,7 +1190,12 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     } else if (c->rotate) {
         fwht_batch(t, G, (float)sqrt((double)G));
     }
-    if (c->rotate && c->signs) flip_lanes(t, G);
+    if (c->rotate && c->signs == 1) flip_lanes(t, G, NULL);
+    if (c->rotate && c->signs == 2) { /* auto: D where the lane's scale is negative */
+        int32_t neg[L];
+        for (int l = 0; l < L; l++) neg[l] = (int32_t)(f2u(get_scale(c, s0, l)) >> 31);
+        flip_lanes(t, G, neg);
+    }
     if (c->kind == 0)
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) t[i][l] /= sa[l];
