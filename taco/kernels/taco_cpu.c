@@ -741,8 +741,8 @@ INLINE __m512i unpack16(const uint8_t* q, const pack16_t* k) {
 /* encode_batch's last step: codes of t / s (s: the 16 lanes' scales; NULL: t in code units; lanes l
    of bit l of `pick`: rows of u, given with s NULL), 16 rows at a time in
    registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
-static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb, lanes_t* u,
-                          uint32_t pick) {
+static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb,
+                          lanes_t* u, uint32_t pick) {
     const __m512 vs = s ? _mm512_loadu_ps(s) : _mm512_set1_ps(1.0f); /* NULL: t / s given */
     fp8c_t k = fp8_consts(c->fmt);
     int bits4 = c->kind == 2 && c->bits == 4, packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
@@ -885,19 +885,17 @@ static void flip_lanes(lanes_t* t, int G, uint32_t lanes, lanes_t* src) {
     if (!src && !lanes) return;
     if (!src) src = t;
 #if SIMD16
-    if (G % 16 == 0) {
-        for (int i = 0; i < G; i++) {
-            __m512 r = _mm512_load_ps(src[i]);
-            if (sign_flipped(i, G)) r = _mm512_mask_sub_ps(r, (__mmask16)lanes, _mm512_setzero_ps(), r);
-            _mm512_store_ps(t[i], r);
-        }
-        return;
+    for (int i = 0; i < G; i++) { /* a row is one vector: a masked 0 - t */
+        __m512 r = _mm512_load_ps(src[i]);
+        if (sign_flipped(i, G)) r = _mm512_mask_sub_ps(r, (__mmask16)lanes, _mm512_setzero_ps(), r);
+        _mm512_store_ps(t[i], r);
     }
-#endif
+#else
     for (int i = 0; i < G; i++) {
         int f = sign_flipped(i, G);
         for (int l = 0; l < L; l++) t[i][l] = f && (lanes >> l & 1) ? 0.0f - src[i][l] : src[i][l];
     }
+#endif
 }
 
 static void fwht_batch(lanes_t* t, int G, float rg) {
@@ -938,8 +936,8 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
 
 /* one pass of log2(R) butterfly strides h0, 2 h0, .. over rows j + m h0 (m < R) held in registers;
    the loops are spelled out (gcc keeps a looped r[] on the stack) */
-INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, int inv, const float* pre,
-                        const float* post, lanes_t* acc) {
+INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, int inv,
+                        const float* pre, const float* post, lanes_t* acc) {
     const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
     const __m512 vpost = post ? _mm512_loadu_ps(post) : _mm512_setzero_ps();
     for (int blk = 0; blk < G; blk += R * h0)
@@ -1075,8 +1073,10 @@ static void lane_scales(const cfg_t* c, lanes_t* t, int G, float* s) {
 /* t <- u in the lanes l of bit l of `lanes` */
 static void select_lanes(lanes_t* t, lanes_t* u, int G, uint32_t lanes) {
 #if SIMD16
-    for (int i = 0; i < G; i++)
-        _mm512_store_ps(t[i], _mm512_mask_blend_ps((__mmask16)lanes, _mm512_load_ps(t[i]), _mm512_load_ps(u[i])));
+    for (int i = 0; i < G; i++) {
+        __m512 a = _mm512_load_ps(t[i]), b = _mm512_load_ps(u[i]);
+        _mm512_store_ps(t[i], _mm512_mask_blend_ps((__mmask16)lanes, a, b));
+    }
 #else
     for (int i = 0; i < G; i++)
         for (int l = 0; l < L; l++) t[i][l] = lanes >> l & 1 ? u[i][l] : t[i][l];
