@@ -160,12 +160,13 @@ def cfg(
     qmax: float = 0.0,
     bits: int = 8,
     scale_fmt: str = "fp32",
-    signs: bool = False,
+    signs: bool | str = False,
 ) -> Cfg:
-    """One codec configuration for the C entry points (signs: the randomized Hadamard's +-1 diagonal)."""
+    """One codec configuration for the C entry points (signs: the randomized Hadamard's +-1 diagonal,
+    True; "auto": per group the plain or the randomized rotation, the choice in the scale's sign bit)."""
     return Cfg(
         KIND[kind], group, int(rotate), FMT.get(fp8, 0), bits, fmax, lam, target, qmax, SFMT[scale_fmt],
-        int(signs),
+        2 if signs == "auto" else int(signs),
     )  # fmt: skip
 
 
@@ -188,13 +189,12 @@ def codec_cfg(codec) -> Cfg:
 
 def implements(codec) -> bool:
     """Whether the C kernels implement this codec: the taco/fp8/int families (taco, taco-1s,
-    fp8-group, int8-group, int2..int8-hadamard: B-bit codes packed LSB first), each with fp32, bf16
-    or e8m0 scales, G in 8..512. Anything else runs the eager reference."""
+    fp8-group, int8-group, int2..int8-hadamard: B-bit codes packed LSB first, signs False, True or
+    "auto"), each with fp32, bf16 or e8m0 scales, G in 8..512. Anything else runs the eager reference."""
     fam, g = getattr(codec, "family", None), getattr(codec, "group_size", 0)
     ok = fam in KIND and 8 <= g <= 512 and (fam == "taco" or g % 8 == 0)
     bits = getattr(codec, "bits", 8)
     ok = ok and (2 <= bits <= 8 if fam == "int" else bits == 8)
-    ok = ok and getattr(codec, "signs", False) != "auto"  # per-group choice: the eager reference
     return ok and getattr(codec, "scale_fmt", "fp32") in SFMT
 
 

@@ -49,7 +49,9 @@ typedef struct {
     float target;   /* taco: target range T of s_q */
     float qmax;     /* int: largest code magnitude */
     int32_t sfmt;   /* scale format: 0 fp32, 1 bf16, 2 e8m0 */
-    int32_t signs;  /* int: randomized Hadamard, x D before the rotation, D after (last: older builds read the prefix) */
+    int32_t signs;  /* int: 1 randomized Hadamard, x D before the rotation, D after; 2 "auto": per group the
+                       plain or the randomized one, the choice in the scale's sign bit (last: older builds
+                       read the prefix) */
 } cfg_t;
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
@@ -417,6 +419,28 @@ static void flip_signs(float* v, int G) { /* 0 - v: -v, but +0 for zeros (as the
         if (sign_flipped(i, G)) v[i] = 0.0f - v[i];
 }
 
+/* signs="auto" (functional.int_encode with flips): the squared error, in code units, of the codes of
+   z[i * zs] / s (i < G, summed in index order), and z[i * zs] <- z / s (the values then coded with
+   scale 1: x / 1 is x). Both candidates of a group go through it; NaN groups give a NaN error. The
+   reference's clamp to [-qmax, qmax] never binds here: s >= absmax / qmax but for a rounding of the
+   quotient, so |z / s| < qmax + 1/2 and its rounding is at most qmax. */
+INLINE float code_units(float* z, int64_t zs, int G, float s) {
+    float e = 0.0f;
+    for (int i = 0; i < G; i++) {
+        float x = z[i * zs] / s, d = ((x + 12582912.0f) - 12582912.0f) - x; /* int_bits' rounding */
+        e += d * d;
+        z[i * zs] = x;
+    }
+    return e;
+}
+
+/* whether the randomized candidate (error e2, scale s2) is kept over the plain one (e1, s1): errors in
+   code units scaled to the same units, (e2 r) r < e1 with r = s2 / s1; ties and NaN: plain */
+static inline int auto_pick(float e1, float s1, float e2, float s2) {
+    float r = s2 / s1;
+    return (e2 * r) * r < e1;
+}
+
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
    general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
 INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G, const int LEAN) {
@@ -426,13 +450,28 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         if (LEAN) sa = round_scale(c, sa);
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
+    const int pick = LEAN && c->kind == 2 && c->rotate && c->signs == 2; /* signs="auto" */
+    float w[MAXG], sw = 0.0f;
+    if (pick) { /* the randomized candidate, as the plain one below */
+        memcpy(w, v, (size_t)G * 4);
+        flip_signs(w, G);
+        fwht(w, G);
+        for (int i = 0; i < G; i++) w[i] /= rg;
+    }
     if (c->rotate) {
-        if (LEAN && c->signs) flip_signs(v, G);
+        if (LEAN && c->signs == 1) flip_signs(v, G);
         fwht(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
     }
     s = group_scale(c, abs_max(v, G));
     if (LEAN) s = round_scale(c, s);
+    sw = s;
+    if (pick) { /* both in code units; the kept one coded with scale 1, its signed scale written */
+        float s2 = round_scale(c, group_scale(c, abs_max(w, G)));
+        float e1 = code_units(v, 1, G, s), e2 = code_units(w, 1, G, s2);
+        if (auto_pick(e1, s, e2, s2)) memcpy(v, w, (size_t)G * 4), sw = -s2;
+        s = 1.0f;
+    }
     if (c->kind == 2) {
         uint32_t t[MAXG];
         for (int i = 0; i < G; i++) t[i] = int_bits(v[i] / s, c->qmax);
@@ -446,7 +485,7 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         quant_fp8(v, s, c->fmax, c->fmt, q, G);
     }
     if (LEAN) {
-        put_scale(c, s0, 0, s);
+        put_scale(c, s0, 0, sw);
         if (c->kind == 0) put_scale(c, s1, 0, sa);
     } else {
         put_f32(s0, s);
@@ -458,6 +497,8 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
 INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, const uint8_t* s1, float* v,
                            int G, const int LEAN) {
     float s = LEAN ? get_scale(c, s0, 0) : get_f32(s0), rg = (float)sqrt((double)G);
+    const int flip = LEAN && (c->signs == 1 || (c->signs == 2 && signbit(s))); /* auto: the sign bit */
+    if (LEAN && c->signs == 2) s = fabsf(s);
     if (LEAN && c->kind == 2) {
         unpack_codes(q, G, c->bits, s, v, 1);
     } else if (c->kind == 2) {
@@ -476,7 +517,7 @@ INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, 
     if (c->rotate) {
         fwht_a_first(v, G);
         for (int i = 0; i < G; i++) v[i] /= rg;
-        if (LEAN && c->signs) flip_signs(v, G);
+        if (flip) flip_signs(v, G);
     }
     if (c->kind == 0) {
         float sa = LEAN ? get_scale(c, s1, 0) : get_f32(s1);
@@ -697,17 +738,21 @@ INLINE __m512i unpack16(const uint8_t* q, const pack16_t* k) {
     return _mm512_sra_epi32(_mm512_sllv_epi32(w, k->lsh), k->rsh);
 }
 
-/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales), 16 rows at a time in
+/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales; NULL: t in code units; lanes l
+   of bit l of `pick`: rows of u, given with s NULL), 16 rows at a time in
    registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
-static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb) {
-    const __m512 vs = _mm512_loadu_ps(s);
+static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb,
+                          lanes_t* u, uint32_t pick) {
+    const __m512 vs = s ? _mm512_loadu_ps(s) : _mm512_set1_ps(1.0f); /* NULL: t / s given */
     fp8c_t k = fp8_consts(c->fmt);
     int bits4 = c->kind == 2 && c->bits == 4, packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
     const pack16_t pk = pack16_consts(packed ? c->bits : 2);
     for (int i0 = 0; i0 < G; i0 += 16) {
         __m512 r[16];
         for (int j = 0; j < 16; j++) {
-            __m512 v = _mm512_div_ps(_mm512_load_ps(t[i0 + j]), vs);
+            __m512 v = _mm512_load_ps(t[i0 + j]);
+            if (s) v = _mm512_div_ps(v, vs);
+            if (u) v = _mm512_mask_blend_ps((__mmask16)pick, v, _mm512_load_ps(u[i0 + j]));
             r[j] = _mm512_castsi512_ps(c->kind == 2 ? int_bits16(v, c->qmax) : fp8_bits16(v, c->fmax, k));
         }
         tr16(r);
@@ -754,7 +799,8 @@ static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const 
         __m512 r[16];
         for (int l = 0; l < 16; l++) {
             const uint8_t* ql = q + l * pb;
-            __m512 m, s = _mm512_set1_ps(get_scale(c, s0, l));
+            float sl = get_scale(c, s0, l);
+            __m512 m, s = _mm512_set1_ps(c->signs == 2 ? fabsf(sl) : sl); /* auto: the sign is a flag */
             if (packed) {
                 m = _mm512_cvtepi32_ps(unpack16(ql + i0 * pk.B / 8, &pk));
             } else if (c->kind == 2 && c->bits == 4) { /* byte k holds codes 2k (low nibble), 2k + 1 */
@@ -833,11 +879,23 @@ static void store_batch(lanes_t* t, int dt, int64_t g0, int G, void* y) {
     }
 }
 
-/* flip_signs for L groups: rows i of t with D_i = -1 */
-static void flip_lanes(lanes_t* t, int G) {
-    for (int i = 0; i < G; i++)
-        if (sign_flipped(i, G))
-            for (int l = 0; l < L; l++) t[i][l] = 0.0f - t[i][l];
+/* flip_signs for L groups: rows i of t with D_i = -1 (0 - t), in the lanes l of bit l of `lanes`;
+   with src, t <- src D (t of those lanes: the rows of src, flipped or not). */
+static void flip_lanes(lanes_t* t, int G, uint32_t lanes, lanes_t* src) {
+    if (!src && !lanes) return;
+    if (!src) src = t;
+#if SIMD16
+    for (int i = 0; i < G; i++) { /* a row is one vector: a masked 0 - t */
+        __m512 r = _mm512_load_ps(src[i]);
+        if (sign_flipped(i, G)) r = _mm512_mask_sub_ps(r, (__mmask16)lanes, _mm512_setzero_ps(), r);
+        _mm512_store_ps(t[i], r);
+    }
+#else
+    for (int i = 0; i < G; i++) {
+        int f = sign_flipped(i, G);
+        for (int l = 0; l < L; l++) t[i][l] = f && (lanes >> l & 1) ? 0.0f - src[i][l] : src[i][l];
+    }
+#endif
 }
 
 static void fwht_batch(lanes_t* t, int G, float rg) {
@@ -865,21 +923,21 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
         y = _mm512_sub_ps(a_, b_);                                                                   \
     } while (0)
 
-/* the R live rows r0.. of fwht_pass16 divided by v, in row order */
-#define DIV_ROWS(v)                                                                                  \
+/* the R live rows r0.. of fwht_pass16 divided (OP: _mm512_div_ps) or multiplied by v, in row order */
+#define OP_ROWS(OP, v)                                                                               \
     do {                                                                                             \
-        r0 = _mm512_div_ps(r0, v), r1 = _mm512_div_ps(r1, v);                                        \
-        if (R >= 4) r2 = _mm512_div_ps(r2, v), r3 = _mm512_div_ps(r3, v);                            \
+        r0 = OP(r0, v), r1 = OP(r1, v);                                                              \
+        if (R >= 4) r2 = OP(r2, v), r3 = OP(r3, v);                                                  \
         if (R == 8) {                                                                                \
-            r4 = _mm512_div_ps(r4, v), r5 = _mm512_div_ps(r5, v);                                    \
-            r6 = _mm512_div_ps(r6, v), r7 = _mm512_div_ps(r7, v);                                    \
+            r4 = OP(r4, v), r5 = OP(r5, v);                                                          \
+            r6 = OP(r6, v), r7 = OP(r7, v);                                                          \
         }                                                                                            \
     } while (0)
 
 /* one pass of log2(R) butterfly strides h0, 2 h0, .. over rows j + m h0 (m < R) held in registers;
    the loops are spelled out (gcc keeps a looped r[] on the stack) */
-INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, const float* pre,
-                        const float* post, lanes_t* acc) {
+INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int last, __m512 vrg, int inv,
+                        const float* pre, const float* post, lanes_t* acc) {
     const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
     const __m512 vpost = post ? _mm512_loadu_ps(post) : _mm512_setzero_ps();
     for (int blk = 0; blk < G; blk += R * h0)
@@ -922,8 +980,11 @@ INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int l
                 BFLY(r3, r7);
             }
             if (last) {
-                DIV_ROWS(vrg);
-                if (post) DIV_ROWS(vpost);
+                if (inv)
+                    OP_ROWS(_mm512_mul_ps, vrg);
+                else
+                    OP_ROWS(_mm512_div_ps, vrg);
+                if (post) OP_ROWS(_mm512_div_ps, vpost);
             }
             lanes_t* o = t;
             if (last && acc) { /* dsum: acc + value, acc the first source (as the scalar sum) */
@@ -958,41 +1019,40 @@ INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int l
 static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post, lanes_t* acc) {
     int lg = 0;
     while ((1 << lg) < G) lg++;
-    const __m512 vrg = _mm512_set1_ps(rg);
+    /* rg a power of two (G = 16, 64, 256): x / rg is x * (1 / rg), both the correctly rounded x / rg
+       (NaN, inf, zeros and subnormals alike), and a product is cheaper */
+    const int inv = (f2u(rg) & 0x7FFFFFu) == 0;
+    const __m512 vrg = _mm512_set1_ps(inv ? 1.0f / rg : rg);
     for (int done = 0; done < lg;) {
         int st = lg - done >= 3 ? 3 : lg - done, first = done == 0, last = done + st == lg;
         if (st == 3)
-            fwht_pass16(t, G, 1 << done, 8, first, last, vrg, pre, post, acc);
+            fwht_pass16(t, G, 1 << done, 8, first, last, vrg, inv, pre, post, acc);
         else if (st == 2)
-            fwht_pass16(t, G, 1 << done, 4, first, last, vrg, pre, post, acc);
+            fwht_pass16(t, G, 1 << done, 4, first, last, vrg, inv, pre, post, acc);
         else
-            fwht_pass16(t, G, 1 << done, 2, first, last, vrg, pre, post, acc);
+            fwht_pass16(t, G, 1 << done, 2, first, last, vrg, inv, pre, post, acc);
         done += st;
     }
 }
 #endif
 
-/* encode_group for L groups: payload of lane l at q + l * pb, its scales number l of s0/s1. */
-static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
-                         uint8_t* s1) {
-    float sa[L], s[L], amax[L];
-    if (c->kind == 0) {
-        float acc[L] = {0};
-        for (int i = 0; i < G; i++)
-            for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
-        for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
-    }
-    if (c->rotate && c->signs) flip_lanes(t, G);
+/* encode_batch's rotation: t <- (t * sa) @ H / sqrt(G) (sa: taco's per-lane s_a, else NULL) */
+static void rotate_lanes(const cfg_t* c, lanes_t* t, int G, const float* sa) {
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), c->kind == 0 ? sa : NULL, NULL, NULL);
+        fwht_batch16(t, G, (float)sqrt((double)G), sa, NULL, NULL);
 #endif
     } else {
-        if (c->kind == 0)
+        if (sa)
             for (int i = 0; i < G; i++)
                 for (int l = 0; l < L; l++) t[i][l] *= sa[l];
         if (c->rotate) fwht_batch(t, G, (float)sqrt((double)G));
     }
+}
+
+/* per lane: the quantization scale of the rotated group, rounded onto the scale format */
+static void lane_scales(const cfg_t* c, lanes_t* t, int G, float* s) {
+    float amax[L];
     int nan[L];
     if (SIMD16 && G % 16 == 0) {
 #if SIMD16
@@ -1008,13 +1068,36 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
             }
     }
     for (int l = 0; l < L; l++) s[l] = round_scale(c, group_scale(c, nan[l] ? NAN : amax[l]));
-    int simd = SIMD16 && G % 16 == 0;
-    uint32_t code[MAXG][L] ALIGN64;
-    if (simd) {
+}
+
+/* t <- u in the lanes l of bit l of `lanes` */
+static void select_lanes(lanes_t* t, lanes_t* u, int G, uint32_t lanes) {
 #if SIMD16
-        quant_store16(c, t, s, G, q, pb);
+    for (int i = 0; i < G; i++) {
+        __m512 a = _mm512_load_ps(t[i]), b = _mm512_load_ps(u[i]);
+        _mm512_store_ps(t[i], _mm512_mask_blend_ps((__mmask16)lanes, a, b));
+    }
+#else
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) t[i][l] = lanes >> l & 1 ? u[i][l] : t[i][l];
 #endif
-    } else if (c->kind == 2) {
+}
+
+/* codes of t / s (s NULL: t is in code units already), packed: lane l's payload at q + l * pb; with
+   u (s NULL), lanes l of bit l of `pick` take the rows of u */
+static void quant_lanes(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb, lanes_t* u,
+                        uint32_t pick) {
+    if (SIMD16 && G % 16 == 0) {
+#if SIMD16
+        quant_store16(c, t, s, G, q, pb, u, pick);
+#endif
+        return;
+    }
+    if (u) select_lanes(t, u, G, pick);
+    static const float one[L] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    if (!s) s = one; /* x / 1 is x */
+    uint32_t code[MAXG][L] ALIGN64;
+    if (c->kind == 2) {
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = int_bits(t[i][l] / s[l], c->qmax);
     } else {
@@ -1022,8 +1105,75 @@ static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t 
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) code[i][l] = fp8_bits(t[i][l] / s[l], c->fmax, k);
     }
+    for (int l = 0; l < L; l++) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
+}
+
+/* code_units for L groups, both candidates: t / s and u / s2 with their errors e1, e2 per lane
+   (summed in index order, as the single-group path) */
+static void code_units_lanes(lanes_t* t, lanes_t* u, int G, const float* s, const float* s2, float* e1,
+                             float* e2) {
+#if SIMD16
+    const __m512 vs = _mm512_loadu_ps(s), vs2 = _mm512_loadu_ps(s2), C = _mm512_set1_ps(12582912.0f);
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+#define CODE_ERR(rows, vs, e)                                                                        \
+    do {                                                                                             \
+        __m512 x = _mm512_div_ps(_mm512_load_ps(rows[i]), vs);                                       \
+        __m512 d = _mm512_sub_ps(_mm512_sub_ps(_mm512_add_ps(x, C), C), x);                          \
+        e = add_first(e, _mm512_mul_ps(d, d));                                                       \
+        _mm512_store_ps(rows[i], x);                                                                 \
+    } while (0)
+    for (int i = 0; i < G; i++) {
+        CODE_ERR(t, vs, a);
+        CODE_ERR(u, vs2, b);
+    }
+#undef CODE_ERR
+    _mm512_storeu_ps(e1, a);
+    _mm512_storeu_ps(e2, b);
+#else
     for (int l = 0; l < L; l++) {
-        if (!simd) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
+        e1[l] = code_units(&t[0][l], L, G, s[l]);
+        e2[l] = code_units(&u[0][l], L, G, s2[l]);
+    }
+#endif
+}
+
+/* signs="auto" of L groups (int, rotated): both candidates rotated, scaled and coded in code units,
+   each lane keeps the one with the smaller error (auto_pick), its scale written negative when the
+   randomized one is kept */
+static void encode_batch_auto(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0) {
+    lanes_t u[MAXG] ALIGN64;
+    float s[L], s2[L], e1[L], e2[L];
+    flip_lanes(u, G, 0xFFFF, t); /* u = t D */
+    rotate_lanes(c, t, G, NULL);
+    rotate_lanes(c, u, G, NULL);
+    lane_scales(c, t, G, s);
+    lane_scales(c, u, G, s2);
+    code_units_lanes(t, u, G, s, s2, e1, e2);
+    uint32_t pick = 0;
+    for (int l = 0; l < L; l++) pick |= (uint32_t)auto_pick(e1[l], s[l], e2[l], s2[l]) << l;
+    quant_lanes(c, t, NULL, G, q, pb, u, pick);
+    for (int l = 0; l < L; l++) put_scale(c, s0, l, pick >> l & 1 ? -s2[l] : s[l]);
+}
+
+/* encode_group for L groups: payload of lane l at q + l * pb, its scales number l of s0/s1. */
+static void encode_batch(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0,
+                         uint8_t* s1) {
+    if (c->kind == 2 && c->rotate && c->signs == 2) {
+        encode_batch_auto(c, t, G, q, pb, s0);
+        return;
+    }
+    float sa[L], s[L];
+    if (c->kind == 0) {
+        float acc[L] = {0};
+        for (int i = 0; i < G; i++)
+            for (int l = 0; l < L; l++) acc[l] += t[i][l] * t[i][l];
+        for (int l = 0; l < L; l++) sa[l] = round_scale(c, adaptive_scale(c, acc[l], G));
+    }
+    if (c->rotate && c->signs == 1) flip_lanes(t, G, 0xFFFF, NULL);
+    rotate_lanes(c, t, G, c->kind == 0 ? sa : NULL);
+    lane_scales(c, t, G, s);
+    quant_lanes(c, t, s, G, q, pb, NULL, 0);
+    for (int l = 0; l < L; l++) {
         put_scale(c, s0, l, s[l]);
         if (c->kind == 0) put_scale(c, s1, l, sa[l]);
     }
@@ -1049,6 +1199,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     for (int l = 0; l < L; l++) {
         const uint8_t* ql = q + l * pb;
         float s = get_scale(c, s0, l);
+        if (c->signs == 2) s = fabsf(s); /* auto: the sign is a flag */
         if (c->kind == 2) {
             unpack_codes(ql, G, c->bits, s, &t[0][l], L);
         } else {
@@ -1056,7 +1207,7 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
             for (int i = 0; i < G; i++) t[i][l] = lut[ql[i]] * s;
         }
     }
-    float sa[L];
+    float sa[L] = {0}; /* read by kind 0 only */
     if (c->kind == 0)
         for (int l = 0; l < L; l++) sa[l] = get_scale(c, s1, l);
     if (SIMD16 && c->rotate && G % 16 == 0 && !c->signs) {
@@ -1072,7 +1223,11 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
     } else if (c->rotate) {
         fwht_batch(t, G, (float)sqrt((double)G));
     }
-    if (c->rotate && c->signs) flip_lanes(t, G);
+    if (c->rotate && c->signs) { /* auto: D in the lanes whose scale is negative */
+        uint32_t neg = 0;
+        for (int l = 0; l < L; l++) neg |= c->signs == 1 ? 1u << l : (f2u(get_scale(c, s0, l)) >> 31) << l;
+        flip_lanes(t, G, neg, NULL);
+    }
     if (c->kind == 0)
         for (int i = 0; i < G; i++)
             for (int l = 0; l < L; l++) t[i][l] /= sa[l];
