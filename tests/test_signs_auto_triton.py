@@ -3,8 +3,8 @@
 
 Checked in the interpreter (TRITON_INTERPRET=1): bit for bit on exactly rotated inputs (small integers;
 bf16 scales also give exact decoded values), decode-sum-encode bit for bit, the per-group choice on
-Gaussian groups (the errors' sums may round differently, so near-ties may go the other way) and on
-groups built to favour one rotation, and the zero/NaN/Inf rules.
+Gaussian groups (the rotations' sums may round differently, so near-ties of the two scales may go
+the other way) and on groups built to favour one rotation, and the zero/NaN/Inf rules.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@
 
 The intB-hadamard codecs take `signs=True`: the randomized Hadamard (a fixed +-1 diagonal before
 the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation;
-`signs="auto"` picks per group whichever of the two quantizes with less error (the choice is the
-sign of the group's scale, so fp32 or bf16 scales only).
+`signs="auto"` picks per group whichever of the two gives the smaller scale, the finer grid (the
+choice is the sign of the group's scale, so fp32 or bf16 scales only).
 
 Group codecs cut the flattened tensor into groups of G along `axis` (default: the last, i.e.
 contiguous memory); the tail is zero-padded on the wire. Wire layout of one chunk:
@@ -297,7 +297,7 @@ class IntHadamardCodec(IntGroupCodec):
     """Base of the intB-hadamard codecs. `signs`: False, the plain rotation; True, the randomized
     Hadamard transform (each group times a fixed +-1 diagonal D before the rotation and after its
     inverse; `hadamard.sign_flips`), which spreads groups the plain rotation concentrates (constant or
-    Walsh-like groups); "auto", per group the one of the two with the smaller quantization error, the
+    Walsh-like groups); "auto", per group the one of the two with the smaller scale (finer grid), the
     choice carried by the sign of the group's scale (same bytes; fp32 or bf16 scales, which have a
     sign bit; docs/design.md 1.2)."""
 

@@ -419,27 +419,10 @@ static void flip_signs(float* v, int G) { /* 0 - v: -v, but +0 for zeros (as the
         if (sign_flipped(i, G)) v[i] = 0.0f - v[i];
 }
 
-/* signs="auto" (functional.int_encode with flips): the squared error, in code units, of the codes of
-   z[i * zs] / s (i < G, summed in index order), and z[i * zs] <- z / s (the values then coded with
-   scale 1: x / 1 is x). Both candidates of a group go through it; NaN groups give a NaN error. The
-   reference's clamp to [-qmax, qmax] never binds here: s >= absmax / qmax but for a rounding of the
-   quotient, so |z / s| < qmax + 1/2 and its rounding is at most qmax. */
-INLINE float code_units(float* z, int64_t zs, int G, float s) {
-    float e = 0.0f;
-    for (int i = 0; i < G; i++) {
-        float x = z[i * zs] / s, d = ((x + 12582912.0f) - 12582912.0f) - x; /* int_bits' rounding */
-        e += d * d;
-        z[i * zs] = x;
-    }
-    return e;
-}
-
-/* whether the randomized candidate (error e2, scale s2) is kept over the plain one (e1, s1): errors in
-   code units scaled to the same units, (e2 r) r < e1 with r = s2 / s1; ties and NaN: plain */
-static inline int auto_pick(float e1, float s1, float e2, float s2) {
-    float r = s2 / s1;
-    return (e2 * r) * r < e1;
-}
+/* signs="auto" (functional.int_encode with flips): the randomized candidate (scale s2) is kept over the
+   plain one (s1) where its scale, rounded onto the format, is smaller: the finer grid; ties and NaN:
+   plain */
+static inline int auto_pick(float s1, float s2) { return s2 < s1; }
 
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
    general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
@@ -466,11 +449,9 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
     s = group_scale(c, abs_max(v, G));
     if (LEAN) s = round_scale(c, s);
     sw = s;
-    if (pick) { /* both in code units; the kept one coded with scale 1, its signed scale written */
+    if (pick) { /* the kept candidate is coded, its signed scale written */
         float s2 = round_scale(c, group_scale(c, abs_max(w, G)));
-        float e1 = code_units(v, 1, G, s), e2 = code_units(w, 1, G, s2);
-        if (auto_pick(e1, s, e2, s2)) memcpy(v, w, (size_t)G * 4), sw = -s2;
-        s = 1.0f;
+        if (auto_pick(s, s2)) memcpy(v, w, (size_t)G * 4), s = s2, sw = -s2;
     }
     if (c->kind == 2) {
         uint32_t t[MAXG];
@@ -738,12 +719,12 @@ INLINE __m512i unpack16(const uint8_t* q, const pack16_t* k) {
     return _mm512_sra_epi32(_mm512_sllv_epi32(w, k->lsh), k->rsh);
 }
 
-/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales; NULL: t in code units; lanes l
-   of bit l of `pick`: rows of u, given with s NULL), 16 rows at a time in
-   registers, transposed and narrowed into the payload bytes of lane l at q + l * pb */
+/* encode_batch's last step: codes of t / s (s: the 16 lanes' scales; lanes l of bit l of `pick` take
+   the rows of u, when u is given), 16 rows at a time in registers, transposed and narrowed into the
+   payload bytes of lane l at q + l * pb */
 static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb,
                           lanes_t* u, uint32_t pick) {
-    const __m512 vs = s ? _mm512_loadu_ps(s) : _mm512_set1_ps(1.0f); /* NULL: t / s given */
+    const __m512 vs = _mm512_loadu_ps(s);
     fp8c_t k = fp8_consts(c->fmt);
     int bits4 = c->kind == 2 && c->bits == 4, packed = c->kind == 2 && c->bits != 4 && c->bits != 8;
     const pack16_t pk = pack16_consts(packed ? c->bits : 2);
@@ -751,8 +732,8 @@ static void quant_store16(const cfg_t* c, lanes_t* t, const float* s, int G, uin
         __m512 r[16];
         for (int j = 0; j < 16; j++) {
             __m512 v = _mm512_load_ps(t[i0 + j]);
-            if (s) v = _mm512_div_ps(v, vs);
             if (u) v = _mm512_mask_blend_ps((__mmask16)pick, v, _mm512_load_ps(u[i0 + j]));
+            v = _mm512_div_ps(v, vs);
             r[j] = _mm512_castsi512_ps(c->kind == 2 ? int_bits16(v, c->qmax) : fp8_bits16(v, c->fmax, k));
         }
         tr16(r);
@@ -1083,8 +1064,8 @@ static void select_lanes(lanes_t* t, lanes_t* u, int G, uint32_t lanes) {
 #endif
 }
 
-/* codes of t / s (s NULL: t is in code units already), packed: lane l's payload at q + l * pb; with
-   u (s NULL), lanes l of bit l of `pick` take the rows of u */
+/* codes of t / s, packed: lane l's payload at q + l * pb; with u, lanes l of bit l of `pick` take the
+   rows of u first */
 static void quant_lanes(const cfg_t* c, lanes_t* t, const float* s, int G, uint8_t* q, int64_t pb, lanes_t* u,
                         uint32_t pick) {
     if (SIMD16 && G % 16 == 0) {
@@ -1094,8 +1075,6 @@ static void quant_lanes(const cfg_t* c, lanes_t* t, const float* s, int G, uint8
         return;
     }
     if (u) select_lanes(t, u, G, pick);
-    static const float one[L] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    if (!s) s = one; /* x / 1 is x */
     uint32_t code[MAXG][L] ALIGN64;
     if (c->kind == 2) {
         for (int i = 0; i < G; i++)
@@ -1108,50 +1087,23 @@ static void quant_lanes(const cfg_t* c, lanes_t* t, const float* s, int G, uint8
     for (int l = 0; l < L; l++) pack_codes(&code[0][l], L, G, c->kind == 2 ? c->bits : 8, q + l * pb);
 }
 
-/* code_units for L groups, both candidates: t / s and u / s2 with their errors e1, e2 per lane
-   (summed in index order, as the single-group path) */
-static void code_units_lanes(lanes_t* t, lanes_t* u, int G, const float* s, const float* s2, float* e1,
-                             float* e2) {
-#if SIMD16
-    const __m512 vs = _mm512_loadu_ps(s), vs2 = _mm512_loadu_ps(s2), C = _mm512_set1_ps(12582912.0f);
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-#define CODE_ERR(rows, vs, e)                                                                        \
-    do {                                                                                             \
-        __m512 x = _mm512_div_ps(_mm512_load_ps(rows[i]), vs);                                       \
-        __m512 d = _mm512_sub_ps(_mm512_sub_ps(_mm512_add_ps(x, C), C), x);                          \
-        e = add_first(e, _mm512_mul_ps(d, d));                                                       \
-        _mm512_store_ps(rows[i], x);                                                                 \
-    } while (0)
-    for (int i = 0; i < G; i++) {
-        CODE_ERR(t, vs, a);
-        CODE_ERR(u, vs2, b);
-    }
-#undef CODE_ERR
-    _mm512_storeu_ps(e1, a);
-    _mm512_storeu_ps(e2, b);
-#else
-    for (int l = 0; l < L; l++) {
-        e1[l] = code_units(&t[0][l], L, G, s[l]);
-        e2[l] = code_units(&u[0][l], L, G, s2[l]);
-    }
-#endif
-}
-
-/* signs="auto" of L groups (int, rotated): both candidates rotated, scaled and coded in code units,
-   each lane keeps the one with the smaller error (auto_pick), its scale written negative when the
-   randomized one is kept */
+/* signs="auto" of L groups (int, rotated): both candidates rotated and scaled, each lane keeps the one
+   with the smaller scale (auto_pick), its scale written negative when the randomized one is kept */
 static void encode_batch_auto(const cfg_t* c, lanes_t* t, int G, uint8_t* q, int64_t pb, uint8_t* s0) {
     lanes_t u[MAXG] ALIGN64;
-    float s[L], s2[L], e1[L], e2[L];
+    float s[L], s2[L], sel[L];
     flip_lanes(u, G, 0xFFFF, t); /* u = t D */
     rotate_lanes(c, t, G, NULL);
     rotate_lanes(c, u, G, NULL);
     lane_scales(c, t, G, s);
     lane_scales(c, u, G, s2);
-    code_units_lanes(t, u, G, s, s2, e1, e2);
     uint32_t pick = 0;
-    for (int l = 0; l < L; l++) pick |= (uint32_t)auto_pick(e1[l], s[l], e2[l], s2[l]) << l;
-    quant_lanes(c, t, NULL, G, q, pb, u, pick);
+    for (int l = 0; l < L; l++) {
+        int p = auto_pick(s[l], s2[l]);
+        pick |= (uint32_t)p << l;
+        sel[l] = p ? s2[l] : s[l];
+    }
+    quant_lanes(c, t, sel, G, q, pb, u, pick);
     for (int l = 0; l < L; l++) put_scale(c, s0, l, pick >> l & 1 ? -s2[l] : s[l]);
 }
 

@@ -62,13 +62,9 @@ def _int_quant(z, qmax, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr):
 
 
 @triton.jit
-def _pick(r1, s1, t1, r2, s2, t2):
-    """signs="auto" (functional.int_encode with flips): per row the quantization with the smaller squared
-    error in code units, e_k = sum((r_k - t_k)^2); the second (the randomized rotation) is kept where
-    (e_2 * s_2/s_1) * s_2/s_1 < e_1 (ties and NaN rows: the first), and flagged by a negative scale.
-    -> (codes, signed scales)."""
-    e1 = tl.sum((r1 - t1) * (r1 - t1), axis=1)
-    e2 = tl.sum((r2 - t2) * (r2 - t2), axis=1)
-    ratio = tl.div_rn(s2, s1)
-    pick = (e2 * ratio) * ratio < e1
+def _pick(r1, s1, r2, s2):
+    """signs="auto" (functional.int_encode with flips): per row the quantization with the smaller scale,
+    the second (the randomized rotation) where s_2 < s_1 (ties and NaN rows: the first), flagged by
+    a negative scale. -> (codes, signed scales)."""
+    pick = s2 < s1
     return tl.where(pick[:, None], r2, r1), tl.where(pick, 0.0 - s2, s1)

@@ -144,7 +144,7 @@ def _encode_tile(
     SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs).
-    PICK (intB-hadamard signs="auto"): both rotations, per group the one with less error (`_pick`)."""
+    PICK (intB-hadamard signs="auto"): both rotations, per group the one with the smaller scale (`_pick`)."""
     cols = tl.arange(0, G)
     rmask = rows < ng
     sa = tl.zeros((R,), tl.float32)
@@ -159,11 +159,11 @@ def _encode_tile(
         x = _flip_signs(x, G, SIGNS)
     z = _rotate(x, sqrt_g, R, G, HB, NSPLIT, DOT) if ROTATE else x
     if KIND == 2:
-        r, s, t = _int_quant(z, qmax, R, G, SFMT)
+        r, s, _ = _int_quant(z, qmax, R, G, SFMT)
         if PICK:  # the same with x D rotated; the kept one's scale carries the choice in its sign
-            r2, s2, t2 = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
-                                    qmax, R, G, SFMT)  # fmt: skip
-            r, s = _pick(r, s, t, r2, s2, t2)
+            r2, s2, _ = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
+                                   qmax, R, G, SFMT)  # fmt: skip
+            r, s = _pick(r, s, r2, s2)
         _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
         s = _taco_scale(z, target, R, SFMT) if KIND == 0 else _absmax_scale(z, fmax, R, SFMT)
