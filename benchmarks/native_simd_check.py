@@ -49,6 +49,16 @@ def build(source: str, tmp: Path, name: str) -> ctypes.CDLL:
     return native._bind(ctypes.CDLL(str(out)))
 
 
+def build_with(flag: str, tmp: Path, name: str, source: str = native.SOURCE) -> ctypes.CDLL:
+    """`build` with one more compiler flag (e.g. -mno-avx512f: every batch step takes the portable loops)."""
+    saved = list(native.FLAGS)
+    native.FLAGS[:] = [*saved, flag]
+    try:
+        return build(source, tmp, name)
+    finally:
+        native.FLAGS[:] = saved
+
+
 def old_source(rev: str) -> str:
     cmd = ["git", "show", f"{rev}:taco/kernels/taco_cpu.c"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout

@@ -266,14 +266,9 @@ def test_bench_codec_takes_spec_strings(tmp_path):
 def test_avx512_and_portable_builds_agree_with_signs(tmp_path):
     """The batch paths with signs (flips around fwht_batch16 / fwht_batch, decode-sum-encode's sums
     taken after the flip) give the same bytes in the AVX-512 build and a build without AVX-512."""
-    from benchmarks.native_simd_check import build, decode, dsum, encode
+    from benchmarks.native_simd_check import build_with, decode, dsum, encode
 
-    saved = list(native.FLAGS)
-    try:
-        native.FLAGS[:] = [*saved, "-mno-avx512f"]
-        scalar = build(native.SOURCE, tmp_path, "scalar")
-    finally:
-        native.FLAGS[:] = saved
+    scalar = build_with("-mno-avx512f", tmp_path, "scalar")
     lib = native.library()
     gen = torch.Generator().manual_seed(8)
     for bits, sfmt in ((6, "fp32"), (5, "e8m0"), (8, "bf16")):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import taco
-from benchmarks.native_simd_check import build, decode, encode
+from benchmarks.native_simd_check import build_with, decode, encode
 from taco.codec.formats import unpack_bits
 from taco.kernels import native
 
@@ -86,19 +86,26 @@ def test_decode_sum_encode_bit_identical_to_eager_composition(sfmt):
         assert_dsum_identical(e, n, numel, gen, (0, 1, 2), f"{name} {sfmt}")
 
 
+def dsum_outputs(codecs, bufs: torch.Tensor, k: int, numel: int, own: torch.Tensor, own_index: int,
+                 dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each codec's decode-sum-encode of the `k` chunks in `bufs` (encoded by the first codec) and the
+    raw `own` term at `own_index`: [(re-encoded bytes, fp32 sums)] in the order of `codecs`."""
+    size = codecs[0].nbytes(numel)
+    got = []
+    for c in codecs:
+        out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
+        c.decode_sum_encode(bufs, size, k, numel, dtype, own=own, own_index=own_index, out=out, sum_out=s)
+        got.append((out, s))
+    return got
+
+
 def assert_dsum_identical(e, n, numel: int, gen, own_indices, what: str) -> None:
     """`n`'s decode-sum-encode of two received chunks + a raw own term (bf16, at each of
     `own_indices`) gives the sums and re-encoded bytes of the reference `e`, on small integers."""
     xs = [torch.randint(-20, 21, (numel,), generator=gen).float() for _ in range(3)]
     bufs = torch.cat([e.encode(xs[0]).data, e.encode(xs[1]).data])
-    size = e.nbytes(numel)
     for own_index in own_indices:
-        got = []
-        for c in (e, n):
-            out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
-            c.decode_sum_encode(bufs, size, 2, numel, torch.float32, xs[2].bfloat16(), own_index, out, s)
-            got.append((out, s))
-        (oe, se), (on, sn) = got
+        (oe, se), (on, sn) = dsum_outputs((e, n), bufs, 2, numel, xs[2].bfloat16(), own_index)
         assert torch.equal(sn, se), f"{what} own@{own_index}: sums"
         assert torch.equal(on, oe), f"{what} own@{own_index}: re-encoded bytes"
 
@@ -138,13 +145,7 @@ def test_gaussian_decode_sum_encode_matches_eager(bits):
         e, n = pair(f"int{bits}-hadamard", scale_fmt=sfmt)
         x = torch.randn(numel, generator=gen).bfloat16()
         bufs = torch.cat([e.encode(x * 2).data, e.encode(-x).data, e.encode(x * 3).data])
-        size = e.nbytes(numel)
-        res = []
-        for c in (e, n):
-            out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
-            c.decode_sum_encode(bufs, size, 3, numel, torch.bfloat16, own=x, own_index=2, out=out, sum_out=s)
-            res.append((out, s))
-        (oe, se), (on, sn) = res
+        (oe, se), (on, sn) = dsum_outputs((e, n), bufs, 3, numel, x, 2, torch.bfloat16)
         assert ((sn - se).abs() <= 1e-6 * se.abs().max()).all(), f"int{bits} {sfmt}: sums"
         ye = e.decode(e.wrap(oe, x.shape, torch.float32))
         yn = e.decode(e.wrap(on, x.shape, torch.float32))
@@ -219,14 +220,8 @@ def test_unaligned_buffers_and_threads_give_the_same_bytes(monkeypatch):
 def portable_libs():
     """The source built without AVX-512 and without AVX512BW/VL (masked byte loads/stores)."""
     with tempfile.TemporaryDirectory() as d:
-        libs, saved = {}, list(native.FLAGS)
-        try:
-            for tag, flag in (("scalar", "-mno-avx512f"), ("no-bw", "-mno-avx512bw")):
-                native.FLAGS[:] = [*saved, flag]
-                libs[tag] = build(native.SOURCE, Path(d), tag)
-        finally:
-            native.FLAGS[:] = saved
-        yield libs
+        yield {tag: build_with(flag, Path(d), tag) for tag, flag in (("scalar", "-mno-avx512f"),
+                                                                      ("no-bw", "-mno-avx512bw"))}
 
 
 def test_avx512_packing_matches_the_portable_loops(portable_libs):

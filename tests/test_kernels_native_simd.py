@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import taco
-from benchmarks.native_simd_check import CODECS, DTYPES, build, decode, dsum, encode, same
+from benchmarks.native_simd_check import CODECS, DTYPES, build_with, decode, dsum, encode, same
 from taco.kernels import native
 from tests.test_kernels import check_pair
 
@@ -33,12 +33,7 @@ pytestmark = [
 def scalar_lib():
     """The kernels built without AVX-512 (the scalar loops), next to the loaded library."""
     with tempfile.TemporaryDirectory() as d:
-        saved = list(native.FLAGS)
-        native.FLAGS.append("-mno-avx512f")
-        try:
-            yield build(native.SOURCE, Path(d), "scalar")
-        finally:
-            native.FLAGS[:] = saved
+        yield build_with("-mno-avx512f", Path(d), "scalar")
 
 
 def finite_inputs(n: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:

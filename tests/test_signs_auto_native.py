@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import taco
-from benchmarks.native_simd_check import build, decode, dsum, encode
+from benchmarks.native_simd_check import build_with, decode, dsum, encode
 from taco.codec.formats import unpack_bits
 from taco.codec.functional import _int_quant
 from taco.codec.hadamard import hadamard_matrix, sign_flips
 from taco.kernels import native
 from tests.test_codec_signs_auto import structured
-from tests.test_kernels_native_intn import assert_dsum_identical
+from tests.test_kernels_native_intn import assert_dsum_identical, dsum_outputs
 
 pytestmark = [
     pytest.mark.skipif(native.library() is None, reason="no C compiler: native kernels not built"),
@@ -123,13 +123,7 @@ def test_gaussian_decode_sum_encode_close_to_eager():
     e, n = pair(6)
     x = torch.randn(numel, generator=gen).bfloat16()
     bufs = torch.cat([e.encode(x * 2).data, e.encode(-x).data])
-    size = e.nbytes(numel)
-    res = []
-    for c in (e, n):
-        out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
-        c.decode_sum_encode(bufs, size, 2, numel, torch.bfloat16, own=x, own_index=1, out=out, sum_out=s)
-        res.append((out, s))
-    (oe, se), (on, sn) = res
+    (oe, se), (on, sn) = dsum_outputs((e, n), bufs, 2, numel, x, 1, torch.bfloat16)
     assert ((sn - se).abs() <= 1e-6 * se.abs().max()).all(), "sums"
     ye, yn = (e.decode(e.wrap(o, x.shape, torch.float32)) for o in (oe, on))
     assert abs(taco.codec.sqnr_db(se, yn) - taco.codec.sqnr_db(se, ye)) < 0.1, "re-encode fidelity"
@@ -162,12 +156,7 @@ def test_zeros_exact_and_non_finite_groups_decode_to_nan():
 def test_avx512_and_portable_builds_agree(tmp_path):
     """Encode, decode (of real and of random bytes, both scale signs) and decode-sum-encode: the same
     bytes from the AVX-512 build and a build without AVX-512."""
-    saved = list(native.FLAGS)
-    try:
-        native.FLAGS[:] = [*saved, "-mno-avx512f"]
-        scalar = build(native.SOURCE, tmp_path, "scalar")
-    finally:
-        native.FLAGS[:] = saved
+    scalar = build_with("-mno-avx512f", tmp_path, "scalar")
     lib = native.library()
     gen = torch.Generator().manual_seed(6)
     for bits, sfmt, g in ((6, "bf16", 64), (5, "fp32", 128), (8, "bf16", 32)):
