@@ -9,6 +9,8 @@ refused.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,6 +18,10 @@ import taco
 from taco.codec import sqnr_db
 from taco.codec.hadamard import hadamard_matrix, sign_flips
 from taco.comm.policy import make_codec
+from taco.kernels import native
+from tests.test_codec_intn import triton_or_skip
+
+pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning")
 
 G = 64
 
@@ -33,6 +39,11 @@ def structured(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     want = torch.arange(n) % 2 == 0
     base = torch.where(want[:, None], w, w * sign_flips(G))
     return 1.5 * base + torch.randn(n, G, generator=gen), want
+
+
+def flags(c: taco.Codec, data: torch.Tensor) -> torch.Tensor:
+    """Per group: True where the scale is negative (x D was rotated)."""
+    return c._split(data)[1][0].view(-1).signbit()
 
 
 def group_err(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -120,3 +131,32 @@ def test_bench_codec_rows_keep_auto_apart(tmp_path):
     assert names == ["taco/bf16", "int6-hadamard+signs/bf16", f"{auto}/bf16", f"{auto}/G64/bf16"]
     sq = {r["codec"]: r["sqnr_db"]["gaussian"] for r in res["fidelity"]}
     assert sq["int6-hadamard+signs=auto/bf16"] > sq["int6-hadamard+signs/bf16"] + 0.3
+
+
+@pytest.mark.parametrize("sfmt", ["fp32", "bf16"])
+@pytest.mark.parametrize("backend", ["native", "triton"])
+def test_kernels_zeros_exact_and_non_finite_groups_decode_to_nan(backend, sfmt):
+    """Zeros encode as eager's bytes (a tie: plain) and decode to +0; a group holding NaN/Inf keeps
+    the plain rotation and decodes to NaN, from the kernel's bytes and from eager's; others finite."""
+    if backend == "native" and native.library() is None:
+        pytest.skip("no C compiler: native kernels not built")
+    if backend == "triton":
+        triton_or_skip()
+    numel = 20 * G + 20  # a 16-group batch, single groups, a ragged tail
+    e, c = codec("auto", 6, sfmt), codec("auto", 6, sfmt, backend)
+    assert c.kernel(torch.device("cpu")).name == backend
+    z = torch.zeros(numel, dtype=torch.bfloat16)
+    pz = c.encode(z)
+    assert torch.equal(pz.data, e.encode(z).data) and not flags(c, pz.data).any()
+    yz = c.decode(pz)
+    assert torch.equal(yz, z) and not yz.signbit().any()
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(8))
+    bad = {3: math.nan, 17: math.inf, 20: -math.inf}  # group 20 is the ragged tail
+    for grp, v in bad.items():
+        x[grp * G + 5] = v
+    p = c.encode(x)
+    assert not flags(c, p.data)[list(bad)].any(), "NaN groups keep the plain rotation"
+    for y in (c.decode(p).view(-1), c.decode(e.encode(x)).view(-1)):
+        for grp in range(c.groups(numel)):
+            part = y[grp * G : (grp + 1) * G]
+            assert part.isnan().all() if grp in bad else part.isfinite().all(), f"{backend} group {grp}"
