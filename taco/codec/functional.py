@@ -103,20 +103,18 @@ def int_encode(
     smaller error (within 0.15 dB of comparing the errors themselves on captured TP tensors, at no
     error pass). The choice is the sign of the kept scale (scales are > 0 or NaN, so the bit is free):
     negative means x D was rotated."""
-    z = _rotate(xg, h)
-    v, s, _ = _int_quant(z, qmax, sfmt)
+    v, s = _int_quant(_rotate(xg, h), qmax, sfmt)
     if flips is None:
         return v.to(torch.int8), s
-    v2, s2, _ = _int_quant(_rotate(xg * flips, h), qmax, sfmt)
+    v2, s2 = _int_quant(_rotate(xg * flips, h), qmax, sfmt)
     pick = s2 < s  # NaN groups: False
     return torch.where(pick, v2, v).to(torch.int8), torch.where(pick, -s2, s)
 
 
-def _int_quant(z: torch.Tensor, qmax: int, sfmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rotated groups -> (codes as fp32, scales [ng, 1], z / s: the values in code units)."""
+def _int_quant(z: torch.Tensor, qmax: int, sfmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated groups -> (codes as fp32, scales [ng, 1])."""
     s = round_up(absmax_scale(z.abs().amax(1, keepdim=True), qmax), sfmt)
-    t = z / s
-    return torch.round(t).clamp_(-qmax, qmax).nan_to_num_(0.0), s, t  # NaN groups: s is NaN already
+    return torch.round(z / s).clamp_(-qmax, qmax).nan_to_num_(0.0), s  # NaN groups: s is NaN already
 
 
 def int_decode(

@@ -434,7 +434,7 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
     const int pick = LEAN && c->kind == 2 && c->rotate && c->signs == 2; /* signs="auto" */
-    float w[MAXG], sw = 0.0f;
+    float w[MAXG];
     if (pick) { /* the randomized candidate, as the plain one below */
         memcpy(w, v, (size_t)G * 4);
         flip_signs(w, G);
@@ -448,7 +448,7 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
     }
     s = group_scale(c, abs_max(v, G));
     if (LEAN) s = round_scale(c, s);
-    sw = s;
+    float sw = s; /* the scale written: -s2 where the randomized candidate is kept */
     if (pick) { /* the kept candidate is coded, its signed scale written */
         float s2 = round_scale(c, group_scale(c, abs_max(w, G)));
         if (auto_pick(s, s2)) memcpy(v, w, (size_t)G * 4), s = s2, sw = -s2;

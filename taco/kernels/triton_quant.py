@@ -55,10 +55,9 @@ def _int_codes(t, qmax):
 
 @triton.jit
 def _int_quant(z, qmax, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr):
-    """Rotated rows z [R, G] -> (codes [R, G] fp32, scales [R], z / s: the values in code units)."""
+    """Rotated rows z [R, G] -> (codes [R, G] fp32, scales [R])."""
     s = _absmax_scale(z, qmax, R, SFMT)
-    t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
-    return _int_codes(t, qmax), s, t
+    return _int_codes(tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32)), qmax), s
 
 
 @triton.jit

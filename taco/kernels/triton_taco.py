@@ -159,10 +159,10 @@ def _encode_tile(
         x = _flip_signs(x, G, SIGNS)
     z = _rotate(x, sqrt_g, R, G, HB, NSPLIT, DOT) if ROTATE else x
     if KIND == 2:
-        r, s, _ = _int_quant(z, qmax, R, G, SFMT)
+        r, s = _int_quant(z, qmax, R, G, SFMT)
         if PICK:  # the same with x D rotated; the kept one's scale carries the choice in its sign
-            r2, s2, _ = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
-                                   qmax, R, G, SFMT)  # fmt: skip
+            r2, s2 = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
+                                qmax, R, G, SFMT)  # fmt: skip
             r, s = _pick(r, s, r2, s2)
         _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
