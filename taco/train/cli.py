@@ -46,12 +46,7 @@ def run_train(args: argparse.Namespace) -> int:
     from taco.train.launch import launch
 
     try:
-        cfg = _load(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"taco train: {e}", file=sys.stderr)
-        return 2
-    try:
-        launch(cfg)
+        launch(_load(args))
     except (ValueError, FileNotFoundError) as e:
         print(f"taco train: {e}", file=sys.stderr)
         return 2
