@@ -26,6 +26,7 @@ from taco.codec.hadamard import hadamard_matrix
 from taco.kernels import native
 from tests.dist import assert_equal, run_distributed
 from tests.test_fused_path import counted, decode32, unfused_all_reduce
+from tests.test_gather_all_reduce import reference as gather_reference
 
 WIDTHS = range(2, 9)
 SFMTS = ("fp32", "bf16", "e8m0")
@@ -204,10 +205,12 @@ def _fused_body(rank: int, world: int) -> None:
             if sfmt != "fp32":
                 c = taco.get_codec(name, scale_fmt=sfmt)
             what = f"{name} {sfmt}"
-            y = tc.all_reduce(xs[rank], codec=c, slices=1)
+            y = tc.all_reduce(xs[rank], codec=c, slices=1, algo="two_shot")
             assert_equal(y, unfused_all_reduce(ref, xs, world), f"all_reduce {what}")
             if sfmt == "fp32":
                 assert sum(proxy.calls.values()) == 3, dict(proxy.calls)  # the fused path ran
+            y = tc.all_reduce(xs[rank], codec=c, slices=2, algo="gather")
+            assert_equal(y, gather_reference(ref, xs), f"gather all_reduce {what}")
             z = tc.reduce_scatter(xs[rank], codec=c, dim=0)
             m = 24 // world
             terms = [

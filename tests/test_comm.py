@@ -297,10 +297,14 @@ def _policy_body(rank: int, world: int) -> None:
     other = tc.CommPolicy(codec="taco(group_size=64)")
     tc.all_reduce(x, site="layers.3.attn.out.fwd", policy=other)
     stats = {k: (s.calls, s.raw_bytes, s.wire_bytes, s.fallbacks) for k, s in policy.stats.sites.items()}
-    # 100 elements: rank 0 owns the only chunk; the others send it to rank 0, then every
-    # rank all-gathers one (padded) chunk
+    # 100 elements, two-shot (4 ranks): rank 0 owns the only chunk; the others send it to rank 0,
+    # then every rank all-gathers one (padded) chunk; gather (2 ranks, "auto"): every rank sends
+    # its one encoded message to the other
     raw_small = 2 * (world - 1) * 200 // world
-    wire_small = raw_small + (c128.nbytes(100) if rank else 0) + (world - 1) * c128.nbytes(100)
+    if world == 2:
+        wire_small = raw_small + c128.nbytes(100)
+    else:
+        wire_small = raw_small + (c128.nbytes(100) if rank else 0) + (world - 1) * c128.nbytes(100)
     for site, want in (
         ("layers.3.mlp.down.fwd", (1, raw_ar, raw_ar, 0)),
         ("layers.3.attn.out.fwd", (2, 2 * raw_ar, 2 * wire_ar, 0)),

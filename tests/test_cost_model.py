@@ -38,12 +38,13 @@ def test_wait_is_hidden_by_the_first_phase_bytes():
     assert bus.transfer(1 * MB, world=2, hops=0) == pytest.approx(20e-3 + 2e-3)
     assert bus.transfer(1 * MB, world=2, hops=0, first_bytes=0.1 * MB) == pytest.approx(20e-3 + 1e-3)
     assert bus.transfer(1 * MB, world=2, hops=0, first_bytes=0.5 * MB) == pytest.approx(20e-3)
-    # plain ring, 2 ranks, 1 MB: the first chunk is 0.5 MB; two-shot: its all-to-all half
+    # plain ring, 2 ranks, 1 MB: the first chunk is 0.5 MB; compressed on 2 ranks (the gather
+    # all-reduce): all of its one all-gather
     assert cm.collective_time("all_reduce", 500_000, 2, 2, bus).total_s == pytest.approx(20e-3)
     slow = cm.Link("lo", bandwidth=1e9, shared=True, wait=2e-3)
     assert cm.collective_time("all_reduce", 500_000, 2, 2, slow).total_s == pytest.approx(2e-3 + 1.5e-3)
-    c = cm.collective_time("all_reduce", 500_000, 2, 2, slow, FAST)  # 2 x 0.53125 MB, first 0.265625
-    assert c.wire_s == pytest.approx(1.0625e-3 + 2e-3 - 0.265625e-3)
+    c = cm.collective_time("all_reduce", 500_000, 2, 2, slow, FAST)  # 2 x 0.53125 MB, first all of it
+    assert c.wire_s == pytest.approx(1.0625e-3 + 2e-3 - 0.53125e-3)
 
 
 def test_plain_ring_all_reduce_numbers():
@@ -62,11 +63,14 @@ def test_compressed_two_shot_bytes_coding_and_overlap():
     link = cm.Link("x", bandwidth=1e9, alpha=0.0)
     codec = cm.CodecCost("c", 1.0, encode_rate=1e9, decode_rate=2e9)
     n = 1_000_000
-    t = cm.collective_time("all_reduce", n, 2, 2, link, codec, slices=1)
-    assert t.wire_s == pytest.approx(1e-3)  # 2 (N-1)/N * n * 1 B
-    assert t.code_s == pytest.approx(n / 1e9 + 1.5 * n / 2e9)  # encode n, decode (2N-1)/N n
+    t = cm.collective_time("all_reduce", n, 2, 4, link, codec, slices=1)
+    assert t.wire_s == pytest.approx(1.5e-3)  # 2 (N-1)/N * n * 1 B
+    assert t.code_s == pytest.approx(n / 1e9 + 1.75 * n / 2e9)  # encode n, decode (2N-1)/N n
     assert t.total_s == pytest.approx(t.wire_s + t.code_s)
-    t4 = cm.collective_time("all_reduce", n, 2, 2, link, codec, slices=4)
+    g = cm.collective_time("all_reduce", n, 2, 2, link, codec, slices=1)  # two ranks: the gather
+    assert g.wire_s == pytest.approx(1e-3)  # (N-1) * n * 1 B: the two-shot's 2 (N-1)/N
+    assert g.code_s == pytest.approx(n / 1e9 + 2 * n / 2e9)  # encode n, decode N n
+    t4 = cm.collective_time("all_reduce", n, 2, 4, link, codec, slices=4)
     assert t4.total_s == pytest.approx(max(t.wire_s, t.code_s) + min(t.wire_s, t.code_s) / 4)
     assert cm.collective_time("send", n, 2, 2, link, codec).wire_s == pytest.approx(1e-3)
     with pytest.raises(ValueError):

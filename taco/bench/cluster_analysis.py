@@ -51,6 +51,9 @@ class Sweep:
     delay_ms: float = 0.0
     model_codec: str = "inplace"
     """the model's codec cost: "inplace" (measured inside training) or "microbench" (`codec_rates`)"""
+    all_reduce: str = "auto"
+    """the compressed all-reduce algorithm the runs used (`compression.tp_all_reduce`; sweeps saved
+    before it ran the two-shot)"""
     fused_reduce: bool = True
     """whether the runs timed the all-reduce's re-encode under decode_s (the fused decode-sum-encode,
     issue 12) rather than under encode_s (sweeps saved before it: False)"""
@@ -58,6 +61,7 @@ class Sweep:
     @classmethod
     def of(cls, cfg: Any, **kw: Any) -> Sweep:
         """The message shape from a training config; the rest as given."""
+        kw.setdefault("all_reduce", cfg.compression.tp_all_reduce)
         return cls(tokens=cfg.train.batch_size * cfg.model.seq_len, hidden=cfg.model.hidden,
                    slices=cfg.compression.slices, **kw)  # fmt: skip
 
@@ -82,12 +86,12 @@ class ModelInputs:
         return dict(compute_s=self.compute_s, messages=len(self.messages), world=self.world,
                     codecs={c: vars(k) for c, k in self.codecs.items()}, wait_s=self.wait_s)  # fmt: skip
 
-    def predict(self, link: cm.Link, codec: str, costs: Any, slices: int) -> float:
+    def predict(self, link: cm.Link, codec: str, costs: Any, slices: int, algo: str = "auto") -> float:
         """Modeled step seconds of run `codec`: the baseline's measured compute + every TP collective
         on `link` with that run's measured `wait`, coding (`costs`) included for a codec."""
         link = dataclasses.replace(link, wait=self.wait_s.get(codec, self.wait_s["none"]))
         msgs = self.messages
-        return cm.step_time_measured_compute(self.compute_s, msgs, self.world, link, costs, slices)[0]
+        return cm.step_time_measured_compute(self.compute_s, msgs, self.world, link, costs, slices, algo)[0]
 
 
 def wire_dtype_check(rec: RunRecord, numel: int) -> dict[str, float]:
@@ -208,11 +212,12 @@ def model_step(inp: ModelInputs, rates: dict, codec: str, sweep: Sweep, link: cm
     auto run's (its uncapped run may have chosen plain: then they are plain's)."""
     base = auto_base(codec)
     if base is None:
-        return inp.predict(link, codec, _model_codec(inp, rates, codec, sweep.model_codec), sweep.slices)
-    times = [inp.predict(link, "none", None, sweep.slices)]
+        costs = _model_codec(inp, rates, codec, sweep.model_codec)
+        return inp.predict(link, codec, costs, sweep.slices, sweep.all_reduce)
+    times = [inp.predict(link, "none", None, sweep.slices, sweep.all_reduce)]
     for c in (base, codec):
         if costs := _model_codec(inp, rates, c, sweep.model_codec):
-            times.append(inp.predict(link, c, costs, sweep.slices))
+            times.append(inp.predict(link, c, costs, sweep.slices, sweep.all_reduce))
     return min(times)
 
 
@@ -350,7 +355,7 @@ def model_curves(report: ClusterReport, sweep: Sweep) -> dict[str, list[tuple[fl
             for rate in grid:
                 bw = rate * 1e6 / 8 * eff
                 link = cm.Link("emulated lo", bw, delay_s, shared=True, burst=burst)
-                base = inp.predict(link, "none", None, sweep.slices)
+                base = inp.predict(link, "none", None, sweep.slices, sweep.all_reduce)
                 pts.append((rate, base / model_step(inp, report.codec_rates, codec, sweep, link)))
             curves[f"{mode}/{codec}"] = pts
     return curves

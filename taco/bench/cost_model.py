@@ -16,7 +16,10 @@ Ingredients, each a measured or stated number:
 Collectives (N ranks, message of n elements, M = n * elem_bytes, C = n * codec bytes/elem):
 plain all-reduce is a ring: 2(N-1) hops, 2(N-1)/N M bytes per rank; compressed all-reduce is
 two-shot: all-to-all + all-gather (N hops), 2(N-1)/N C bytes per rank, n elements encoded and
-(2N-1)/N n decoded (N-1 received chunks + the N gathered chunks). Reduce-scatter / all-gather
+(2N-1)/N n decoded (N-1 received chunks + the N gathered chunks); on two ranks the gather
+all-reduce that "auto" takes there: one all-gather (N-1 hops) of (N-1) C bytes, n encoded, N n
+decoded.
+Reduce-scatter / all-gather
 (sequence parallelism) move (N-1)/N of the bytes each. Coding and wire overlap across k slices:
 time = max(wire, code) + min(wire, code) / k (k = 1: they add).
 
@@ -94,7 +97,12 @@ class CollectiveTime:
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "send")
 
 
-def _traffic(op: str, world: int) -> tuple[float, int, float, float]:
+def _gather(op: str, world: int, algo: str) -> bool:
+    """Whether a compressed all-reduce runs as the gather all-reduce (`taco.comm.all_reduce` algo)."""
+    return op == "all_reduce" and (algo == "gather" or algo == "auto" and world == 2)
+
+
+def _traffic(op: str, world: int, algo: str = "auto") -> tuple[float, int, float, float]:
     """(per-rank bytes, hops, encoded elements, decoded elements), per byte/element of the message.
 
     The message is the full tensor of n elements (all-reduce input, reduce-scatter input,
@@ -102,6 +110,8 @@ def _traffic(op: str, world: int) -> tuple[float, int, float, float]:
     plain ones use the same bytes with the ring's hop count (see `collective_time`).
     """
     n = world
+    if _gather(op, n, algo):  # one all-gather of every rank's encoded message, N decoded
+        return n - 1.0, n - 1, 1.0, float(n)
     if op == "all_reduce":
         return 2 * (n - 1) / n, n, 1.0, (2 * n - 1) / n
     if op == "reduce_scatter":
@@ -121,27 +131,30 @@ def collective_time(
     link: Link,
     codec: CodecCost | None = None,
     slices: int = 1,
+    algo: str = "auto",
 ) -> CollectiveTime:
     """Time of one collective of `numel` elements of `elem_bytes` each over `world` ranks.
 
     codec None: the plain collective (ring all-reduce: 2(N-1) hops); otherwise the compressed
-    algorithm of docs/design.md 1.3 with `slices` pipelined slices overlapping coding and wire.
+    algorithm of docs/design.md 1.3 (all-reduce: `algo` as `taco.comm.all_reduce` takes it) with
+    `slices` pipelined slices overlapping coding and wire.
     """
     if world < 1 or slices < 1:
         raise ValueError(f"world and slices must be >= 1, got world={world}, slices={slices}")
     if world == 1 and op != "send" or numel == 0:
         return CollectiveTime(0.0, 0.0, 0.0)
-    per_byte, hops, enc, dec = _traffic(op, world)
+    per_byte, hops, enc, dec = _traffic(op, world, algo)
     # What one rank can send before it needs the others' data (hides `link.wait`): one ring step's
     # chunk for the plain ring collectives; the all-to-all half of the two-shot all-reduce, or all
-    # of a compressed reduce-scatter / all-gather / send.
+    # of a gather all-reduce (two ranks) / compressed reduce-scatter / all-gather / send.
     if codec is None:
         steps = 2 * (world - 1) if op == "all_reduce" else (world - 1 if op != "send" else 1)
         per_rank = per_byte * numel * elem_bytes
         wire = link.transfer(per_rank, world, steps, per_rank / steps)
         return CollectiveTime(wire, 0.0, wire)
     per_rank = per_byte * numel * codec.bytes_per_elem
-    wire = link.transfer(per_rank, world, hops, per_rank / 2 if op == "all_reduce" else per_rank)
+    first = per_rank / 2 if op == "all_reduce" and not _gather(op, world, algo) else per_rank
+    wire = link.transfer(per_rank, world, hops, first)
     code = enc * numel / codec.encode_rate + dec * numel / codec.decode_rate
     total = max(wire, code) + min(wire, code) / slices
     return CollectiveTime(wire, code, total)
@@ -173,6 +186,7 @@ def step_time_measured_compute(
     link: Link,
     codec: CodecCost | Mapping[float, CodecCost] | None = None,
     slices: int = 1,
+    algo: str = "auto",
 ) -> tuple[float, float]:
     """(step seconds, communication seconds) of a step whose non-communication time is measured.
 
@@ -183,7 +197,7 @@ def step_time_measured_compute(
     comm = 0.0
     for m in messages:
         c = codec.get(m.elem_bytes) if isinstance(codec, Mapping) else codec
-        comm += collective_time(m.op, m.numel, m.elem_bytes, world, link, c, slices).total_s
+        comm += collective_time(m.op, m.numel, m.elem_bytes, world, link, c, slices, algo).total_s
     return compute_s + comm, comm
 
 
@@ -409,7 +423,8 @@ def assumptions() -> str:
         + "; ".join(
             f"{k} {v.bandwidth / 1e9:.1f} GB/s, {v.alpha * 1e6:.0f} us/hop" for k, v in LINKS.items()
         ),
-        "- plain all-reduce = ring (NCCL); compressed = two-shot, 4 slices overlap coding and wire",
+        "- plain all-reduce = ring (NCCL); compressed = two-shot (gather at TP=2), 4 slices overlap "
+        "coding and wire",
     ]
     return "\n".join(lines)
 

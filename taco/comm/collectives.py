@@ -32,11 +32,12 @@ from .compressed import (
     all_gather_into,
     all_gather_steps,
     all_reduce_steps,
+    gather_all_reduce_steps,
     reduce_scatter_into,
     reduce_scatter_steps,
 )
 from .handles import Handle, Steps
-from .policy import CodecSpec, CommPolicy, default_slices, make_codec
+from .policy import ALL_REDUCE_ALGOS, CodecSpec, CommPolicy, default_slices, make_codec
 from .stats import Clock
 
 log = logging.getLogger("taco.comm")
@@ -222,10 +223,14 @@ def all_reduce(
     site: str | None = None,
     policy: CommPolicy | None = None,
     slices: int | None = None,
+    algo: str | None = None,
 ) -> torch.Tensor | Handle:
-    """Sum of x over the group's ranks, the same on every rank (docs/design.md 1.3, two-shot).
+    """Sum of x over the group's ranks, the same on every rank (docs/design.md 1.3).
 
     x: any shape, bf16/fp16/fp32 (others go plain) -> a new tensor of x's shape and dtype.
+    `algo`: the compressed algorithm, "two_shot", "gather" or "auto" (default: the policy's
+    `all_reduce_algo`, else "auto": "gather" on two ranks, where it sends the two-shot's bytes in
+    one collective per slice and quantizes each element once; else "two_shot").
     `slices=k` pipelines exactly k slices (encoding slice i+1 and decoding slice i-1 overlap
     slice i's transfer; k is capped so that no slice splits a codec group). Default: the
     policy's `slices_for(bytes)`, without a policy up to 4 slices of >= 1 MiB each, the measured
@@ -238,9 +243,14 @@ def all_reduce(
         k = policy.slices_for(_bytes(x)) if policy is not None else default_slices(_bytes(x))
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"slices must be an int >= 1, got {slices!r}")
+    algo = algo if algo is not None else policy.all_reduce_algo if policy is not None else "auto"
+    if algo not in ALL_REDUCE_ALGOS:
+        raise ValueError(f"algo must be one of {ALL_REDUCE_ALGOS}, got {algo!r}")
+    if algo == "auto":
+        algo = "gather" if call.world == 2 else "two_shot"
     if call.world == 1:
         return call.run(_copy(x), async_op)
-    call.check_same(f" slices={k}" if call.codec is not None else "")
+    call.check_same(f" slices={k} algo={algo}" if call.codec is not None else "")
     n = call.world
     call.account(2 * (n - 1) * _bytes(x) // n)
     if call.codec is None:
@@ -259,7 +269,11 @@ def all_reduce(
         y = flat.view(xm.shape)
         return y.movedim(-1, axis).contiguous() if moved else y
 
-    return call.run(_then(all_reduce_steps(call.ctx(_bytes(x)), src, dst, k), shape_back), async_op)
+    if algo == "gather":
+        steps = gather_all_reduce_steps(call.ctx(_bytes(x)), src, dst, k)
+    else:
+        steps = all_reduce_steps(call.ctx(_bytes(x)), src, dst, k)
+    return call.run(_then(steps, shape_back), async_op)
 
 
 def start_all_reduce(
@@ -270,14 +284,15 @@ def start_all_reduce(
     site: str | None = None,
     policy: CommPolicy | None = None,
     slices: int | None = None,
+    algo: str | None = None,
 ) -> Handle:
     """Start `all_reduce(x, ...)` and return its handle at once; `handle.wait()` returns the sum.
 
-    The first transfer (the all-to-all, or the plain all-reduce) is in flight on return: gloo
+    The first transfer (the all-to-all or all-gather, or the plain all-reduce) is in flight on return: gloo
     async work; on CUDA the codec side stream, ordered by events (no host sync). Compute enqueued
     before `wait()` overlaps it (the TP backward's weight-gradient GEMMs, `column_block.py`).
     """
-    return all_reduce(x, group, codec, async_op=True, site=site, policy=policy, slices=slices)
+    return all_reduce(x, group, codec, async_op=True, site=site, policy=policy, slices=slices, algo=algo)
 
 
 def all_gather(

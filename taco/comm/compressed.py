@@ -270,6 +270,55 @@ def all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int
     return dst
 
 
+def gather_all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int) -> Steps:
+    """All-reduce as all-gathers of every rank's whole encoded message (docs/design.md 1.3):
+    encode -> all-gather -> fp32 sum of the N decoded messages in rank order, per slice.
+
+    Two codec calls per slice and rank: one `encode_chunks` into the all-gather buffer and, after
+    the all-gather, one `decode_sum_encode` of the N gathered parts (own included, as received)
+    straight into `dst`. Every rank decodes the same bytes and sums them in the same order, so
+    every rank returns the same values; each element is quantized once. Bytes per rank
+    (N-1) C(n): for N = 2 what the two-shot sends, in one collective per slice instead of two,
+    hence `algo="auto"` takes it on two ranks. Issue order: every slice's encode and all-gather;
+    in `wait()`, per slice: wait, decode-sum (while later slices are on the wire). Slices start
+    on codec group boundaries, so the result does not depend on them (codecs with one scale per
+    message are never sliced). fp16: the fp32 sum is cast as the plain collective's (inf beyond
+    65504).
+    """
+    codec, n, w, dev = ctx.codec, src.numel(), ctx.world, src.device
+    sizes = [k for k in split_sizes(n, slices if per_group(codec) else 1, group_unit(codec)) if k]
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    pbs = [aligned(codec.nbytes(k, src.dtype)) for k in sizes]
+    bos = [sum(pbs[:i]) for i in range(len(sizes))]
+    lane = Lane(dev)
+    lane.used_here(src, dst)
+    with lane.run():
+        send = ctx.take("ag.send", sum(pbs), dev)
+        recv = ctx.take("ag.recv", sum(pbs) * w, dev)  # slice i: rank j's part at w bos[i] + j pbs[i]
+        works = []
+        for off, k, pb, bo in zip(offs, sizes, pbs, bos):
+            with ctx.clock("encode_s"):
+                codec.encode_chunks(src, send, [(off, k, bo)])
+            with ctx.clock("comm_s"):
+                mine, theirs = send[bo : bo + pb], recv[w * bo : w * (bo + pb)]
+                works.append(all_gather_into(theirs, mine, group=ctx.group, async_op=True))
+            ctx.sent(pb * (w - 1))
+    yield
+    with lane.run():
+        total = dst if src.dtype != torch.float16 else torch.empty(n, dtype=torch.float32, device=dev)
+        for i, (off, k, pb, bo) in enumerate(zip(offs, sizes, pbs, bos)):
+            with ctx.clock("comm_s"):
+                works[i].wait()
+            with ctx.clock("decode_s"):  # the N parts of slice i lie pb apart, in rank order
+                codec.decode_sum_encode(recv[w * bo :], pb, w, k, src.dtype, sum_out=total[off : off + k])
+        if total is not dst:
+            dst.copy_(total)
+        ctx.give("ag.send", send)
+        ctx.give("ag.recv", recv)
+    lane.join()
+    return dst
+
+
 def grouping_layout(codec: Codec, x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int | None]:
     """(x with the codec's grouping axis last, where `dim` went, the axis to move back or None)."""
     axis = codec.axis % max(x.dim(), 1)

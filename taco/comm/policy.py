@@ -23,6 +23,7 @@ from .stats import CommStats
 
 DEFAULT_SLICES = 4
 MIN_SLICE_BYTES = 1 << 20
+ALL_REDUCE_ALGOS = ("auto", "two_shot", "gather")
 
 CodecSpec = str | Codec | None
 """A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""
@@ -77,6 +78,11 @@ class CommPolicy:
     and <= 1 MiB 0.38x -> 0.26x (per-collective latency), hence the 1 MiB floor."""
     min_slice_bytes: int = MIN_SLICE_BYTES
     """slices hold at least this many input bytes (smaller messages use fewer slices)"""
+    all_reduce_algo: str = "auto"
+    """compressed all-reduce (docs/design.md 1.3): "two_shot" (encode -> all-to-all -> decode-sum-
+    encode -> all-gather -> decode, sliced), "gather" (encode all -> one all-gather -> decode-sum),
+    "auto": "gather" on two ranks (the same bytes in one collective per slice, each element
+    quantized once), else "two_shot" (fewer bytes from three ranks on)"""
     check_sizes: bool | None = None
     """exchange shape/dtype/codec before each call and raise ValueError on a mismatch across
     ranks (gloo would abort the process): one extra tiny collective per call, and a host sync
@@ -107,6 +113,9 @@ class CommPolicy:
             raise ValueError(f"slices must be an int >= 1, got {self.slices!r}")
         if not isinstance(self.min_slice_bytes, int) or self.min_slice_bytes < 1:
             raise ValueError(f"min_slice_bytes must be an int >= 1, got {self.min_slice_bytes!r}")
+        if self.all_reduce_algo not in ALL_REDUCE_ALGOS:
+            algos, got = ALL_REDUCE_ALGOS, self.all_reduce_algo
+            raise ValueError(f"all_reduce_algo must be one of {algos}, got {got!r}")
         k = self.nonfinite_check_every
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"nonfinite_check_every must be an int >= 0, got {k!r}")
@@ -166,5 +175,6 @@ class CommPolicy:
         return (
             f"CommPolicy(codec={codec}, overrides={{{over}}}, min_bytes={self.min_bytes}, "
             f"slices={self.slices}, min_slice_bytes={self.min_slice_bytes}, "
+            f"all_reduce_algo={self.all_reduce_algo}, "
             f"max_cached_bytes={self.max_cached_bytes}, nonfinite_check_every={self.nonfinite_check_every})"
         )

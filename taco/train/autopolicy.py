@@ -128,7 +128,7 @@ class AutoPolicy:
         # run's buffer cache, slicing and size checks, so a probe allocates as training does
         self.probe_policy = CommPolicy(
             codec=None, slices=policy.slices, min_slice_bytes=policy.min_slice_bytes,
-            check_sizes=policy.check_sizes, nonfinite_check_every=0,
+            all_reduce_algo=policy.all_reduce_algo, check_sizes=policy.check_sizes, nonfinite_check_every=0,
         )  # fmt: skip
         self.probe_policy.buffers = policy.buffers
         self.measure: Callable[[Message], Timing] = self.time_message

@@ -89,7 +89,7 @@ def build_policy(cfg: Config) -> CommPolicy:
     overrides: dict = {} if "*" in c.tp_sites else {**{g: codec for g in c.tp_sites}, "*": None}
     return CommPolicy(
         codec=codec, overrides=overrides, min_bytes=c.min_bytes, slices=c.slices,
-        min_slice_bytes=c.min_slice_bytes, check_sizes=False,
+        min_slice_bytes=c.min_slice_bytes, all_reduce_algo=c.tp_all_reduce, check_sizes=False,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from taco.comm.policy import ALL_REDUCE_ALGOS
 from taco.train.config.schema import _Section
 
 
@@ -53,6 +54,11 @@ class CompressionConfig(_Section):
         "Smallest slice (uncompressed bytes): a message of M bytes gets min(slices, M // this) "
         "slices, at least 1. Below ~1 MiB the per-collective latency of the uncapped loopback "
         "outweighs the overlap (docs/design.md 1.3).")})
+    tp_all_reduce: str = field(default="auto", metadata={"doc": (
+        'Compressed TP all-reduce: "two_shot" (all-to-all, decode-sum-encode, all-gather), "gather" '
+        '(one all-gather of every rank\'s encoded message, then decode-sum) or "auto": "gather" at '
+        "tp = 2 (the same bytes in one collective per slice instead of two, each element quantized "
+        'once), else "two_shot" (docs/design.md 1.3).')})
     min_sqnr_db: float = field(default=28.0, metadata={"doc": (
         "Fidelity floor of a TP site in dB (signal-to-quantization-noise ratio of its messages): "
         "calibration never picks a codec below it and the fidelity guard acts on a site that stays "
@@ -125,6 +131,8 @@ class CompressionConfig(_Section):
             self._fail("slices", "must be >= 1")
         if self.min_slice_bytes < 1:
             self._fail("min_slice_bytes", "must be >= 1")
+        if self.tp_all_reduce not in ALL_REDUCE_ALGOS:
+            self._fail("tp_all_reduce", f"must be one of {', '.join(ALL_REDUCE_ALGOS)}")
         if self.calibrate_steps < 1:
             self._fail("calibrate_steps", "must be >= 1")
         if self.max_bytes_per_elem < 0:
