@@ -132,8 +132,7 @@ def test_saved_sweep_against_the_issue_7_criteria():
 
     meta, results, rates = load_sweep(SAVED)
     sweep = Sweep.of(Config.from_dict(meta["config"]), modes=list(meta["modes"]), codecs=["taco"],
-                     warmup=meta["warmup"], burst=meta["burst"],
-                     all_reduce=meta.get("all_reduce", "two_shot"))  # fmt: skip  (as `--from-json`)
+                     warmup=meta["warmup"], burst=meta["burst"])  # fmt: skip
     rows = analyse(results, sweep, rates).rows
     verdicts, figures = {}, {}
     for mode in sweep.modes:

@@ -375,7 +375,6 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     args.burst = meta["burst"]
     args.delay = meta.get("delay_ms", 0.0)
     args.fused_reduce = meta.get("fused_reduce", False)  # sweeps saved before issue 12: unfused
-    args.all_reduce = meta.get("all_reduce", "two_shot")  # saved before the gather all-reduce
     return Config.from_dict(meta["config"]), results, rates
 
 
@@ -394,8 +393,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         cfg, results, rates = _measure(args)
     sweep = Sweep.of(cfg, modes=args.comm, codecs=args.codecs, warmup=args.warmup, burst=args.burst,
                      delay_ms=args.delay, model_codec=args.model_codec,
-                     fused_reduce=getattr(args, "fused_reduce", True),
-                     **({"all_reduce": args.all_reduce} if hasattr(args, "all_reduce") else {}))  # fmt: skip
+                     fused_reduce=getattr(args, "fused_reduce", True))  # fmt: skip
     report = analyse(results, sweep, rates)
     print(format_report(report))
     curves = model_curves(report, sweep)
@@ -403,7 +401,6 @@ def run_cluster(args: argparse.Namespace) -> int:
         meta = dict(argv=sys.argv[1:], config=cfg.to_dict(), torch=torch.__version__, cpus=os.cpu_count(),
                     threads=args.threads, backend=args.backend, burst=args.burst, mtu=args.mtu,
                     delay_ms=args.delay, warmup=args.warmup, fused_reduce=sweep.fused_reduce,
-                    all_reduce=sweep.all_reduce,
                     modes={m: MODES[m] for m in args.comm})  # fmt: skip
         write_json(args.json, meta, results, curves, report)
         print(f"wrote {args.json}")

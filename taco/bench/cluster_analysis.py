@@ -52,8 +52,8 @@ class Sweep:
     model_codec: str = "inplace"
     """the model's codec cost: "inplace" (measured inside training) or "microbench" (`codec_rates`)"""
     all_reduce: str = "auto"
-    """the compressed all-reduce algorithm the runs used (`compression.tp_all_reduce`; sweeps saved
-    before it ran the two-shot)"""
+    """the compressed all-reduce algorithm the runs used (`compression.tp_all_reduce`; `load_sweep`
+    reads sweeps saved before it as the two-shot)"""
     fused_reduce: bool = True
     """whether the runs timed the all-reduce's re-encode under decode_s (the fused decode-sum-encode,
     issue 12) rather than under encode_s (sweeps saved before it: False)"""
@@ -61,9 +61,8 @@ class Sweep:
     @classmethod
     def of(cls, cfg: Any, **kw: Any) -> Sweep:
         """The message shape from a training config; the rest as given."""
-        kw.setdefault("all_reduce", cfg.compression.tp_all_reduce)
         return cls(tokens=cfg.train.batch_size * cfg.model.seq_len, hidden=cfg.model.hidden,
-                   slices=cfg.compression.slices, **kw)  # fmt: skip
+                   slices=cfg.compression.slices, all_reduce=cfg.compression.tp_all_reduce, **kw)  # fmt: skip
 
     @property
     def numel(self) -> int:

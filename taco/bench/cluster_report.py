@@ -96,6 +96,8 @@ def write_json(path: str, meta: dict[str, Any], results: list[LinkResult], curve
 
 
 def load_sweep(path: str) -> tuple[dict[str, Any], list[LinkResult], dict[str, dict[str, float]]]:
-    """(meta, results, codec rates) of a `--json` file: what `analyse` needs to re-derive the rest."""
+    """(meta, results, codec rates) of a `--json` file: what `analyse` needs to re-derive the rest.
+    A config saved before `compression.tp_all_reduce` existed ran the two-shot: it says so here."""
     saved = json.loads(Path(path).read_text())
+    saved["meta"]["config"]["compression"].setdefault("tp_all_reduce", "two_shot")
     return saved["meta"], [LinkResult.from_json(r) for r in saved["results"]], saved["codec_rates"]

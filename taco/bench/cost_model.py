@@ -36,6 +36,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from taco.comm.policy import resolve_all_reduce_algo
+
 __all__ = ["CodecCost", "CollectiveTime", "GPT_13B", "Hardware", "Link", "Message", "ModelShape",
            "Parallel", "QWEN25_7B", "StepBreakdown", "collective_time", "gbit", "ideal_speedup", "projection",
            "step_time", "step_time_measured_compute", "tp_messages"]  # fmt: skip
@@ -99,7 +101,7 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather", "send")
 
 def _gather(op: str, world: int, algo: str) -> bool:
     """Whether a compressed all-reduce runs as the gather all-reduce (`taco.comm.all_reduce` algo)."""
-    return op == "all_reduce" and (algo == "gather" or algo == "auto" and world == 2)
+    return op == "all_reduce" and resolve_all_reduce_algo(algo, world) == "gather"
 
 
 def _traffic(op: str, world: int, algo: str = "auto") -> tuple[float, int, float, float]:

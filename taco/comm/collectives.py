@@ -37,7 +37,7 @@ from .compressed import (
     reduce_scatter_steps,
 )
 from .handles import Handle, Steps
-from .policy import ALL_REDUCE_ALGOS, CodecSpec, CommPolicy, default_slices, make_codec
+from .policy import CodecSpec, CommPolicy, default_slices, make_codec, resolve_all_reduce_algo
 from .stats import Clock
 
 log = logging.getLogger("taco.comm")
@@ -244,10 +244,7 @@ def all_reduce(
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"slices must be an int >= 1, got {slices!r}")
     algo = algo if algo is not None else policy.all_reduce_algo if policy is not None else "auto"
-    if algo not in ALL_REDUCE_ALGOS:
-        raise ValueError(f"algo must be one of {ALL_REDUCE_ALGOS}, got {algo!r}")
-    if algo == "auto":
-        algo = "gather" if call.world == 2 else "two_shot"
+    algo = resolve_all_reduce_algo(algo, call.world)
     if call.world == 1:
         return call.run(_copy(x), async_op)
     call.check_same(f" slices={k} algo={algo}" if call.codec is not None else "")

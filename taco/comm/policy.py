@@ -25,6 +25,16 @@ DEFAULT_SLICES = 4
 MIN_SLICE_BYTES = 1 << 20
 ALL_REDUCE_ALGOS = ("auto", "two_shot", "gather")
 
+
+
+def resolve_all_reduce_algo(algo: str, world: int) -> str:
+    """The compressed all-reduce that `algo` means on `world` ranks: "auto" is "gather" on two ranks
+    (the two-shot's bytes in one collective per slice), else "two_shot" (docs/design.md 1.3)."""
+    if algo not in ALL_REDUCE_ALGOS:
+        raise ValueError(f"all_reduce_algo (algo=) must be one of {ALL_REDUCE_ALGOS}, got {algo!r}")
+    return ("gather" if world == 2 else "two_shot") if algo == "auto" else algo
+
+
 CodecSpec = str | Codec | None
 """A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""
 
@@ -113,9 +123,7 @@ class CommPolicy:
             raise ValueError(f"slices must be an int >= 1, got {self.slices!r}")
         if not isinstance(self.min_slice_bytes, int) or self.min_slice_bytes < 1:
             raise ValueError(f"min_slice_bytes must be an int >= 1, got {self.min_slice_bytes!r}")
-        if self.all_reduce_algo not in ALL_REDUCE_ALGOS:
-            algos, got = ALL_REDUCE_ALGOS, self.all_reduce_algo
-            raise ValueError(f"all_reduce_algo must be one of {algos}, got {got!r}")
+        resolve_all_reduce_algo(self.all_reduce_algo, 2)  # validates the name
         k = self.nonfinite_check_every
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"nonfinite_check_every must be an int >= 0, got {k!r}")
