@@ -210,7 +210,7 @@ def test_modes_set_the_training_and_communication_dtypes(tmp_path):
 
 
 def test_plot_speedup_writes_png(tmp_path):
-    from taco.bench.cost_model import projection
+    from taco.bench.gpu_projection import projection
     from taco.bench.plots import plot_projection, plot_speedup, plot_validation
 
     rep = _report()

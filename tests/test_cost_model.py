@@ -7,6 +7,7 @@ import math
 import pytest
 
 from taco.bench import cost_model as cm
+from taco.bench import gpu_projection as gp
 
 MB = 1e6
 FAST = cm.CodecCost("fast", 1.0625, 1e12, 1e12)
@@ -78,12 +79,12 @@ def test_compressed_two_shot_bytes_coding_and_overlap():
 
 
 def test_speedup_grows_as_the_link_slows_and_stays_below_ideal():
-    shape, par = cm.GPT_13B, cm.Parallel(tp=8, micro_batch=2)
+    shape, par = gp.GPT_13B, gp.Parallel(tp=8, micro_batch=2)
     prev_t, prev_s = 0.0, 0.0
     for gbps in (3200, 800, 400, 200, 100, 25):
-        hw = cm.Hardware("h", 5e14, cm.Link("l", cm.gbit(gbps), 1e-5))
-        base = cm.step_time(shape, par, hw)
-        comp = cm.step_time(shape, par, hw, FAST, slices=4)
+        hw = gp.Hardware("h", 5e14, cm.Link("l", cm.gbit(gbps), 1e-5))
+        base = gp.step_time(shape, par, hw)
+        comp = gp.step_time(shape, par, hw, FAST, slices=4)
         s = base.total_s / comp.total_s
         assert base.total_s > prev_t and s > prev_s
         assert s <= cm.ideal_speedup(base.tp_share, 2 / 1.0625) + 1e-9
@@ -91,22 +92,22 @@ def test_speedup_grows_as_the_link_slows_and_stays_below_ideal():
 
 
 def test_tp_messages_and_flops():
-    shape = cm.GPT_13B
-    msgs = cm.tp_messages(shape, cm.Parallel(tp=2, micro_batch=2))
+    shape = gp.GPT_13B
+    msgs = gp.tp_messages(shape, gp.Parallel(tp=2, micro_batch=2))
     assert len(msgs) == 4 * 40 + 2 and {m.numel for m in msgs} == {2 * 2048 * 5120}
-    sp = cm.tp_messages(shape, cm.Parallel(tp=2, sp=True))
+    sp = gp.tp_messages(shape, gp.Parallel(tp=2, sp=True))
     assert sum(m.op == "all_gather" for m in sp) == sum(m.op == "reduce_scatter" for m in sp) == 4 * 40
     assert 7.5e10 < shape.flops_per_token() < 9e10  # ~6 x 13B
-    qwen = cm.QWEN25_7B.matmul_params()
+    qwen = gp.QWEN25_7B.matmul_params()
     assert 6.5e9 < qwen < 8e9
 
 
 def test_pipeline_and_data_parallel_terms():
-    hw = cm.Hardware("h", 5e14, cm.Link("l", 50e9, 1e-5))
-    one = cm.step_time(cm.QWEN25_7B, cm.Parallel(tp=4, microbatches=8), hw)
-    pp = cm.step_time(cm.QWEN25_7B, cm.Parallel(tp=4, pp=2, microbatches=8), hw)
+    hw = gp.Hardware("h", 5e14, cm.Link("l", 50e9, 1e-5))
+    one = gp.step_time(gp.QWEN25_7B, gp.Parallel(tp=4, microbatches=8), hw)
+    pp = gp.step_time(gp.QWEN25_7B, gp.Parallel(tp=4, pp=2, microbatches=8), hw)
     assert pp.bubble_s > 0 and pp.pp_s > 0 and pp.total_s < one.total_s
-    dp = cm.step_time(cm.QWEN25_7B, cm.Parallel(tp=4, dp=4, microbatches=8), hw)
+    dp = gp.step_time(gp.QWEN25_7B, gp.Parallel(tp=4, dp=4, microbatches=8), hw)
     assert dp.dp_s > 0 and dp.total_s > one.total_s
 
 
@@ -122,14 +123,14 @@ def test_measured_compute_step_with_per_dtype_codecs():
 
 
 def test_projection_table():
-    rows = cm.projection()
-    assert len(rows) == 2 * 3 * len(cm.LINKS)
+    rows = gp.projection()
+    assert len(rows) == 2 * 3 * len(gp.LINKS)
     by = {(r["model"], r["tp"], r["link"]): r for r in rows}
     assert by[("GPT-13B", 8, "IB100")]["speedup_H100"] > 1.5
     assert by[("GPT-13B", 2, "NVLink4")]["speedup_H100"] < 1.1
     assert all(
         math.isfinite(r["speedup_H200"]) and r["speedup_H200"] >= r["speedup_H100"] - 1e-9 for r in rows
     )
-    text = cm.format_projection(rows)
+    text = gp.format_projection(rows)
     assert text.count("\n") == len(rows) + 1 and "speedup (H200)" in text
-    assert "TFLOP/s" in cm.assumptions()
+    assert "TFLOP/s" in gp.assumptions()

@@ -66,7 +66,7 @@ def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, floa
 
 def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") -> None:
     """Modeled TACO speedup against the TP link's bandwidth, one line per (model, TP) of
-    `cost_model.projection` rows."""
+    `gpu_projection.projection` rows."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for key in dict.fromkeys((r["model"], r["tp"]) for r in rows):
