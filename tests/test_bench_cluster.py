@@ -14,7 +14,7 @@ import pytest
 
 from taco.bench import cluster
 from taco.bench.cluster_analysis import Sweep, analyse
-from taco.bench.cluster_records import LinkResult, RunRecord, merge_uncapped
+from taco.bench.cluster_records import LinkResult, RunRecord, pool_runs
 from taco.bench.cluster_report import format_markdown, format_report
 from taco.train.config import load_config
 
@@ -185,13 +185,31 @@ def test_repeated_uncapped_sets_are_pooled():
     b = dict(rate_mbit=None, probe=dict(bytes_per_s=3e9), calib=dict(alpha_s=3e-4, beta_bytes_per_s=3e9),
              runs=[_rec("bf16", "none", None, 0.20, 0.03, 2, 2)])  # fmt: skip
     capped = dict(rate_mbit=50.0, probe={}, calib=CALIB_50, runs=[])
-    merged = merge_uncapped([LinkResult.from_json(x) for x in (a, capped, b)], warmup=1)
+    merged = pool_runs([LinkResult.from_json(x) for x in (a, capped, b)], warmup=1)
     assert [m.rate_mbit for m in merged] == [None, 50.0]
     run = merged[0].runs[0]
     assert len(run.steps) == 4 + 3 and run.repeats == 2  # b's warmup step dropped
     assert run.summarize(1, 1).step_s == pytest.approx((3 * 0.1 + 3 * 0.2) / 6)
     assert run.sites["layers.0.attn.out.fwd"].calls == 8
     assert merged[0].calib["alpha_s"] == pytest.approx(2e-4)
+
+
+def test_repeats_interleave_and_pool_per_link():
+    from taco.bench.cluster import interleave
+
+    a, b = dict(codec="none"), dict(codec="taco")
+    assert [s["codec"] for s in interleave([a, b], 3)] == ["none", "taco", "taco", "none", "none", "taco"]
+    with pytest.raises(ValueError, match="--repeats"):
+        interleave([a, b], 0)
+    times = [("none", 1.0), ("taco", 0.5), ("taco", 0.7), ("none", 1.2)]
+    runs = [_rec("bf16", codec, 50.0, t, t - 0.1, 2, 2) for codec, t in times]
+    link = LinkResult.from_json(dict(rate_mbit=50.0, probe={}, calib=CALIB_50, runs=runs))
+    (pooled,) = pool_runs([link], warmup=1)
+    assert [(r.codec, r.repeats, len(r.steps)) for r in pooled.runs] == [("none", 2, 7), ("taco", 2, 7)]
+    none, taco = (r.summarize(1, 1) for r in pooled.runs)
+    assert none.step_s == pytest.approx(1.1) and taco.step_s == pytest.approx(0.6)
+    assert pooled.runs[1].sites["layers.0.attn.out.fwd"].calls == 8
+    assert pooled.calib == CALIB_50  # one capped set: its own probe and calibration
 
 
 def test_wire_dtype_check_flags_fp32_backward():

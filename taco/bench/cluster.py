@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uncapped", choices=("both", "first", "none"), default="both",
                    help="uncapped reference runs before and after the capped ones (averaged), before, "
                         "or none (then no f_cap and no model)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each (mode, codec) per link, in alternating order (A B B A ..), pooled: "
+                        "drift between runs cancels in the ratios")  # fmt: skip
     p.add_argument("--model-codec", choices=("inplace", "microbench"), default="inplace",
                    help="model codec cost: from the uncapped training run, or a microbenchmark")  # fmt: skip
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per link rate")
@@ -272,6 +275,14 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
     return specs
 
 
+def interleave(specs: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+    """`repeats` rounds of `specs`, every other round reversed (A B, B A, A B ..): a slow drift of the
+    box during the rounds weighs on every run alike once the rounds are pooled (`pool_runs`)."""
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    return [s for i in range(repeats) for s in (specs if i % 2 == 0 else specs[::-1])]
+
+
 def _run_worker(argv: list[str], timeout: float) -> int:
     """Run the worker in its own process group; kill that group if anything goes wrong."""
     proc = subprocess.Popen(argv, env=child_env(), start_new_session=True)
@@ -352,7 +363,7 @@ def _measure(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[str,
 
     cfg = _load_cfg(args)
     data_dir = resolve_data_dir(cfg.data, prepare=True)  # on the host: the netns has no network
-    specs = plan_runs(cfg, args, data_dir)
+    specs = interleave(plan_runs(cfg, args, data_dir), args.repeats)
     numel = cfg.train.batch_size * cfg.model.seq_len * cfg.model.hidden
     rates = codec_rates(args.codecs, numel, args.threads, args.backend)
     results = [] if args.uncapped == "none" else [execute(None, specs, args)]
@@ -374,6 +385,7 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     args.warmup = meta["warmup"] if args.warmup is None else args.warmup
     args.burst = meta["burst"]
     args.delay = meta.get("delay_ms", 0.0)
+    args.repeats = meta.get("repeats", 1)
     args.fused_reduce = meta.get("fused_reduce", False)  # sweeps saved before issue 12: unfused
     return Config.from_dict(meta["config"]), results, rates
 
@@ -401,7 +413,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         meta = dict(argv=sys.argv[1:], config=cfg.to_dict(), torch=torch.__version__, cpus=os.cpu_count(),
                     threads=args.threads, backend=args.backend, burst=args.burst, mtu=args.mtu,
                     delay_ms=args.delay, warmup=args.warmup, fused_reduce=sweep.fused_reduce,
-                    modes={m: MODES[m] for m in args.comm})  # fmt: skip
+                    repeats=args.repeats, modes={m: MODES[m] for m in args.comm})  # fmt: skip
         write_json(args.json, meta, results, curves, report)
         print(f"wrote {args.json}")
     if args.markdown:

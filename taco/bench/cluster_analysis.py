@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cost_model as cm
-from .cluster_records import LinkResult, RunRecord, RunSummary, merge_uncapped
+from .cluster_records import LinkResult, RunRecord, RunSummary, pool_runs
 
 AUTO_CODEC = "taco"
 """the codec of the "auto" run (compression.when = "auto" keeps it only where it pays)"""
@@ -299,7 +299,7 @@ def curve_gap(rec: RunRecord, base: RunRecord) -> tuple[float, float]:
 
 def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterReport:
     """Rows of the report (one per mode x link x codec), dtype checks and model inputs per mode."""
-    results = merge_uncapped(results, sweep.warmup)
+    results = pool_runs(results, sweep.warmup)
     runs = {(r.mode, r.rate_mbit, r.codec): r for res in results for r in res.runs}
     rows, checks, inputs = [], {}, {}
     for mode in sweep.modes:

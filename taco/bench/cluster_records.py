@@ -5,7 +5,7 @@ Why this file exists: the runs of a sweep happen in worker processes inside a ca
 (`cluster_analysis.py`) reads them as these dataclasses instead of dictionaries. Each record
 converts from and to the JSON the worker writes (`from_json` / `to_json`), so a saved sweep such
 as docs/cluster_sweep.json keeps loading. Here are the measurements, a run's own means
-(`RunRecord.summarize`) and the pooling of repeated uncapped runs (`merge_uncapped`); whatever
+(`RunRecord.summarize`) and the pooling of repeated runs (`pool_runs`); whatever
 compares runs with each other or with the cost model is `cluster_analysis.py`'s.
 """
 
@@ -81,7 +81,7 @@ class RunRecord:
     val_loss: float
     loadavg: list[float] = field(default_factory=list)
     repeats: int = 1
-    """uncapped runs pooled into this one (`merge_uncapped`)"""
+    """runs pooled into this one (`pool_runs`: `--repeats`, the uncapped sets)"""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunRecord:
@@ -134,20 +134,35 @@ class LinkResult:
         return {(r.mode, r.codec): r for r in self.runs}.get((mode, codec))
 
 
-def merge_uncapped(results: list[LinkResult], warmup: int) -> list[LinkResult]:
-    """One uncapped entry first: repeated uncapped sets pooled run by run (timed steps concatenated)."""
-    sets = [r for r in results if r.rate_mbit is None]
-    rest = [r for r in results if r.rate_mbit is not None]
-    if len(sets) <= 1:
-        return sets + rest
-    runs = []
-    for first in sets[0].runs:
-        same = [r for s in sets for r in s.runs if (r.mode, r.codec) == (first.mode, first.codec)]
+def _pool(runs: list[RunRecord], warmup: int) -> list[RunRecord]:
+    """Runs of the same (mode, codec) as one record, in first-seen order: the first run's steps, then
+    the timed steps of each later one (its own warm-up dropped), site totals summed."""
+    pooled = []
+    for key in dict.fromkeys((r.mode, r.codec) for r in runs):
+        same = [r for r in runs if (r.mode, r.codec) == key]
+        first = same[0]
+        if len(same) == 1:
+            pooled.append(first)
+            continue
         steps = first.steps + [st for r in same[1:] for st in r.steps[warmup:]]
         keys = [f.name for f in dataclasses.fields(Site)]
         sites = {n: Site(**{k: sum(getattr(r.sites[n], k) for r in same) for k in keys}) for n in first.sites}
         loads = [x for r in same for x in r.loadavg]
-        runs.append(dataclasses.replace(first, steps=steps, sites=sites, loadavg=loads, repeats=len(same)))
+        repeats = sum(r.repeats for r in same)
+        pooled.append(dataclasses.replace(first, steps=steps, sites=sites, loadavg=loads, repeats=repeats))
+    return pooled
+
+
+def pool_runs(results: list[LinkResult], warmup: int) -> list[LinkResult]:
+    """Repeated runs pooled (`--repeats`, and the uncapped sets before and after a sweep): one uncapped
+    entry first, then one record per (mode, codec) at each capped link, timed steps concatenated."""
+    sets = [r for r in results if r.rate_mbit is None]
+    rest = [dataclasses.replace(r, runs=_pool(r.runs, warmup)) for r in results if r.rate_mbit is not None]
+    if not sets:
+        return rest
+    runs = _pool([r for s in sets for r in s.runs], warmup)
+    if len(sets) == 1:
+        return [dataclasses.replace(sets[0], runs=runs), *rest]
 
     def mean(key: str) -> dict[str, float]:
         return {k: statistics.fmean(getattr(s, key)[k] for s in sets) for k in getattr(sets[0], key)}
