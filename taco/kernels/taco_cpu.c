@@ -11,8 +11,9 @@
  * Where the compiler targets AVX-512 (-march=native on such a CPU) the batch steps that gcc does
  * not vectorise well are written with intrinsics: the lane layout's loads, stores and payload bytes
  * through 16 x 16 register transposes, the FP8/INT dequantisation by table permutes, the
- * butterflies in register passes of three strides (with the scale products/divisions and the
- * dsum accumulation fused into the first/last pass), the absmax and the FP8/INT casts. They do the
+ * butterflies in register passes (strides 1-8 on 16 rows, fused into the dequantisation on decode;
+ * then three strides at a time, with the scale products/divisions and the dsum accumulation fused
+ * into the first/last pass), the absmax and the FP8/INT casts. They do the
  * same fp32 operations on the same operands, NaN-propagating operand order included, so the bytes
  * are those of the scalar loops (checked by tests/test_kernels_native_simd.py and
  * benchmarks/native_simd_check.py, which also times old against new: ~2x per element).
@@ -768,9 +769,26 @@ static void add_lanes16(lanes_t* acc, lanes_t* t, int G) {
     for (int i = 0; i < G; i++) _mm512_store_ps(acc[i], add_first(_mm512_load_ps(acc[i]), _mm512_load_ps(t[i])));
 }
 
+#define BFLY(x, y)                                                                                   \
+    do {                                                                                             \
+        __m512 a_ = x, b_ = y;                                                                       \
+        x = add_first(a_, b_);                                                                       \
+        y = _mm512_sub_ps(a_, b_);                                                                   \
+    } while (0)
+
+/* strides 1, 2, 4, 8 of the butterflies on 16 consecutive rows held in registers */
+INLINE void bfly16(__m512* r) {
+#pragma GCC unroll 4
+    for (int h = 1; h < 16; h <<= 1)
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i += 2 * h)
+#pragma GCC unroll 8
+            for (int j = i; j < i + h; j++) BFLY(r[j], r[j + h]);
+}
+
 /* decode_batch's first step, t[i][l] = value of code i of lane l times its scale */
 static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, int G,
-                            lanes_t* t) {
+                            lanes_t* t, int bfly) {
     __m512 T[8];
     for (int k = 0; k < 8; k++) T[k] = _mm512_loadu_ps(LUT[c->fmt & 1] + 16 * k);
     const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
@@ -809,6 +827,7 @@ static void dequant_batch16(const cfg_t* c, const uint8_t* q, int64_t pb, const 
             r[l] = mul_first(s, m);
         }
         tr16(r);
+        if (bfly) bfly16(r); /* fwht_batch16's first pass, on the rows while they are in registers */
         for (int k = 0; k < 16; k++) _mm512_storeu_ps(t[i0 + k], r[k]);
     }
 }
@@ -894,15 +913,10 @@ static void fwht_batch(lanes_t* t, int G, float rg) {
 
 #if SIMD16
 /* fwht_batch with its neighbours fused: t <- ((t * pre) @ H / rg) / post (pre, post: per-lane
-   factors or NULL). The butterflies run in passes of up to three strides on 8 rows held in
-   registers (strides 1, 2, 4, then 8, 16, 32, ...): the same sums and differences of the same
-   operands as the stride-by-stride loops, with a third of the trips through memory. */
-#define BFLY(x, y)                                                                                   \
-    do {                                                                                             \
-        __m512 a_ = x, b_ = y;                                                                       \
-        x = add_first(a_, b_);                                                                       \
-        y = _mm512_sub_ps(a_, b_);                                                                   \
-    } while (0)
+   factors or NULL). The butterflies run in passes of strides held in registers: 1, 2, 4, 8 on 16
+   rows (bfly16; on decode while dequant_batch16 holds the rows), then up to three strides on 8 rows
+   (16, 32, 64, ...): the same sums and differences of the same operands as the stride-by-stride
+   loops, with a third of their trips through memory (G = 128: two, or one after a dequant). */
 
 /* the R live rows r0.. of fwht_pass16 divided (OP: _mm512_div_ps) or multiplied by v, in row order */
 #define OP_ROWS(OP, v)                                                                               \
@@ -997,14 +1011,30 @@ INLINE void fwht_pass16(lanes_t* t, int G, int h0, const int R, int first, int l
         }
 }
 
-static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post, lanes_t* acc) {
+/* G > 16: the first four strides as one pass of 16 rows in registers (t * pre first, if given);
+   done0 = 4 when the caller already applied them (dequant_batch16 with bfly) */
+static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const float* post, lanes_t* acc,
+                         int done0) {
     int lg = 0;
     while ((1 << lg) < G) lg++;
     /* rg a power of two (G = 16, 64, 256): x / rg is x * (1 / rg), both the correctly rounded x / rg
        (NaN, inf, zeros and subnormals alike), and a product is cheaper */
     const int inv = (f2u(rg) & 0x7FFFFFu) == 0;
     const __m512 vrg = _mm512_set1_ps(inv ? 1.0f / rg : rg);
-    for (int done = 0; done < lg;) {
+    int done = done0;
+    if (lg > 4 && done == 0) {
+        const __m512 vpre = pre ? _mm512_loadu_ps(pre) : _mm512_setzero_ps();
+        for (int blk = 0; blk < G; blk += 16) {
+            __m512 r[16];
+            for (int k = 0; k < 16; k++) r[k] = _mm512_load_ps(t[blk + k]);
+            if (pre)
+                for (int k = 0; k < 16; k++) r[k] = mul_first(r[k], vpre);
+            bfly16(r);
+            for (int k = 0; k < 16; k++) _mm512_store_ps(t[blk + k], r[k]);
+        }
+        done = 4;
+    }
+    while (done < lg) {
         int st = lg - done >= 3 ? 3 : lg - done, first = done == 0, last = done + st == lg;
         if (st == 3)
             fwht_pass16(t, G, 1 << done, 8, first, last, vrg, inv, pre, post, acc);
@@ -1021,7 +1051,7 @@ static void fwht_batch16(lanes_t* t, int G, float rg, const float* pre, const fl
 static void rotate_lanes(const cfg_t* c, lanes_t* t, int G, const float* sa) {
     if (SIMD16 && c->rotate && G % 16 == 0) {
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), sa, NULL, NULL);
+        fwht_batch16(t, G, (float)sqrt((double)G), sa, NULL, NULL, 0);
 #endif
     } else {
         if (sa)
@@ -1145,7 +1175,8 @@ static void add_lanes(lanes_t* acc, lanes_t* t, int G) {
 static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uint8_t* s0, const uint8_t* s1,
                          int G, lanes_t* t, lanes_t* acc) {
 #if SIMD16
-    if (G % 16 == 0) dequant_batch16(c, q, pb, s0, G, t);
+    const int pre4 = c->rotate && G % 16 == 0 && G > 16; /* dequant applies the first four strides */
+    if (G % 16 == 0) dequant_batch16(c, q, pb, s0, G, t, pre4);
     else
 #endif
     for (int l = 0; l < L; l++) {
@@ -1164,13 +1195,13 @@ static void decode_batch(const cfg_t* c, const uint8_t* q, int64_t pb, const uin
         for (int l = 0; l < L; l++) sa[l] = get_scale(c, s1, l);
     if (SIMD16 && c->rotate && G % 16 == 0 && !c->signs) {
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc);
+        fwht_batch16(t, G, (float)sqrt((double)G), NULL, c->kind == 0 ? sa : NULL, acc, pre4 ? 4 : 0);
 #endif
         return;
     }
     if (SIMD16 && c->rotate && G % 16 == 0) { /* signs (int: no s_a): flip after, then accumulate */
 #if SIMD16
-        fwht_batch16(t, G, (float)sqrt((double)G), NULL, NULL, NULL);
+        fwht_batch16(t, G, (float)sqrt((double)G), NULL, NULL, NULL, pre4 ? 4 : 0);
 #endif
     } else if (c->rotate) {
         fwht_batch(t, G, (float)sqrt((double)G));
