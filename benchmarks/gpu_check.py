@@ -1,6 +1,7 @@
-"""The measurement steps of `benchmarks/gpu_check.sh` (issue 11), one subcommand each.
+"""The measurement steps of `benchmarks/gpu_check.sh`, one subcommand each.
 
     python benchmarks/gpu_check.py versions              # python / torch / CUDA / triton / GPU
+    python benchmarks/gpu_check.py codec-check [--dry-run] # every timed codec against eager (+ compiles)
     python benchmarks/gpu_check.py bandwidth [--dry-run] # encode, decode, decode-sum-encode vs a copy
     python benchmarks/gpu_check.py host [--dry-run]      # CPU time to issue one encode + decode
     python benchmarks/gpu_check.py replay [--dry-run]    # one rank of an N=8 two-shot all-reduce
@@ -28,6 +29,7 @@ import statistics
 import sys
 import time
 
+from gpu_codec_check import cmd_codec_check
 from gpu_common import MIB, Timer, fmt_us, key, need_codecs, pick_device, size_str
 from gpu_replay import cmd_replay
 from gpu_train_check import cmd_corpus, cmd_train_check
@@ -72,7 +74,7 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
 
     dev = pick_device(args.dry_run)
     codecs = need_codecs(dev, args.dry_run)
-    sizes = [1 / 256] if args.dry_run else [16, 64, 256]
+    sizes = [1 / 256] if args.dry_run else [64, 256, 1024]  # every message larger than the L2 (60 MB)
     timer = Timer(dev, reps=1, inner=1, warmup=1) if args.dry_run else Timer(dev, reps=15, inner=10)
     nway = 8
     print(
@@ -189,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("versions").set_defaults(func=cmd_versions)
-    for name, fn in (("bandwidth", cmd_bandwidth), ("host", cmd_host), ("replay", cmd_replay)):
+    steps = (("codec-check", cmd_codec_check), ("bandwidth", cmd_bandwidth), ("host", cmd_host),
+             ("replay", cmd_replay))
+    for name, fn in steps:
         s = sub.add_parser(name)
         s.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, Triton interpreter")
         s.set_defaults(func=fn)

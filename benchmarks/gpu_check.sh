@@ -1,38 +1,44 @@
 #!/usr/bin/env bash
-# The one prepared GPU measurement of TACO-TP (issue 11): one H100/H200, well under 8 minutes.
+# The one prepared GPU measurement of TACO-TP: one H100/H200, under 8 minutes from a cold Triton cache.
 #
-# What it measures (each step runs under `timeout`; a failing step is recorded and the next one
-# runs; the summary table comes last):
+# What it checks and measures (each step runs under `timeout`; a failing step is recorded and the
+# next one runs; the summary table comes last, with the Triton compiles each step added):
 #   step              GPU budget  what
-#   setup                 40 s    versions (python, torch, CUDA, triton, GPU via nvidia-smi and
+#   setup                 30 s    versions (python, torch, CUDA, triton, GPU via nvidia-smi and
 #                                 torch); installs the repo with `pip install --no-deps
 #                                 --no-build-isolation --no-index -e .` if `import taco` fails
-#                                 (a failed install is reported; the repo is on PYTHONPATH anyway)
-#   kernel-tests         120 s    pytest tests/test_kernels.py with Triton compiled for the GPU
-#                                 (skipped, with the reason, if pytest is missing)
-#   codec-bandwidth       70 s    encode / decode / fused decode-sum-encode (N=8: 7 received chunks
-#                                 + own) of 16, 64 and 256 MiB bf16 messages, for every codec that
-#                                 taco.kernels serves with a Triton kernel (and the variants in
-#                                 gpu_common.EXTRA_SPECS, e.g. int6-hadamard with signs=auto), as time
-#                                 ratios to a device-to-device copy of the message measured in the same run
-#   host-overhead         30 s    CPU time to issue one codec.encode + codec.decode at 0.25-4 MiB vs
+#   codec-check           90 s    every codec the later steps time, Triton against the eager reference
+#                                 on the GPU (encode, decode, decode-sum-encode; bf16/fp32/fp16; ragged
+#                                 tail, NaN and zero groups), one worker process per codec: also the
+#                                 compile warm-up, since every later step loads its kernels from the
+#                                 Triton cache this step fills (benchmarks/gpu_codec_check.py)
+#   kernel-tests          75 s    pytest tests/test_kernels.py with Triton compiled for the GPU
+#   codec-bandwidth       50 s    encode / decode / fused decode-sum-encode (N=8) of 64 MiB, 256 MiB
+#                                 and 1 GiB bf16 messages (all larger than the 60 MB L2), every codec
+#                                 with a Triton kernel, as time ratios to a D2D copy in the same run
+#   host-overhead         25 s    CPU time to issue one codec.encode + codec.decode at 0.25-4 MiB vs
 #                                 the GPU time of the kernels (launch/host overhead)
-#   allreduce-replay      60 s    one rank of an N=8 two-shot all-reduce of 64 MiB bf16, compute only
-#                                 (7 encodes, decode-sum-encode fused and unfused, 8 decodes) against
-#                                 a D2D copy of the message (benchmarks/gpu_check.py replay)
-#   train-data            25 s    offline data: $TACO_GPU_DATA (a prepared data dir with meta.json,
-#                                 or a .txt file / directory of .txt) or else a generated 1 MB corpus,
-#                                 tokenized by `taco data prepare --text` (no network needed)
-#   train                 80 s    `taco train --config configs/demo.toml --train.device=cuda
-#                                 --train.steps=30 --parallel.tp=1` on that data (world 1), then
-#                                 checks parameters on CUDA (checkpoint), loss falls, prints tok/s
-#   total                425 s    (+ at most 5 s of kill grace per step: 460 s < 8 min)
+#   allreduce-replay      45 s    one rank of an N=8 two-shot all-reduce of 64 MiB bf16, compute only
+#                                 (fused and unfused) against a D2D copy (benchmarks/gpu_replay.py)
+#   comm-loopback         45 s    the compressed collectives on CUDA in one process, with loopback
+#                                 stand-ins for the NCCL transfers: the real side stream, events,
+#                                 record_stream and buffer cache (tests/test_comm_loopback.py)
+#   train-data            20 s    offline data: $TACO_GPU_DATA (a prepared data dir with meta.json,
+#                                 or a .txt file / directory of .txt) or else a generated 1 MB corpus
+#   train                 55 s    `taco train --config configs/demo.toml --train.device=cuda
+#                                 --train.steps=30 --parallel.tp=1` (world 1), then checks parameters
+#                                 on CUDA (checkpoint), loss falls, prints tok/s
+#   train-tp2             50 s    the same at --parallel.tp=2 over NCCL with the taco codec, when the
+#                                 machine has 2 GPUs (skipped, with a line, otherwise)
+#   total                485 s    at most (+ 5 s of kill grace per step); a warm run is far shorter
+# Compiles: TRITON_CACHE_DIR is a fresh folder of the run (a cold cache), and each step's count of
+# new compiled kernels (.cubin files) is in the summary; the whole script's is the last line.
 # Timings (benchmarks/gpu_check.py): CUDA events around back-to-back calls queued behind a sleep
 # kernel (GPU time without launch gaps), median of repeats after a warm-up.
 #
 # Usage:
 #   bash benchmarks/gpu_check.sh [--out DIR]   # on a CUDA machine; DIR default: $OUT, else runs/gpu_check
-#   bash benchmarks/gpu_check.sh --dry-run     # anywhere: CPU, tiny sizes, TRITON_INTERPRET=1 (~1.5 min
+#   bash benchmarks/gpu_check.sh --dry-run     # anywhere: CPU, tiny sizes, TRITON_INTERPRET=1 (~1 min
 #                                              # on 2 cores; tests/test_gpu_check.py runs it)
 #   TACO_GPU_DATA=/path/to/data bash benchmarks/gpu_check.sh   # train on your own offline data
 # Writes DIR/gpu_check.log (everything printed), DIR/summary.json (one record per step),
@@ -68,12 +74,16 @@ export PYTHONUNBUFFERED=1
 if [[ $DRY == 1 ]]; then
   export TRITON_INTERPRET=1 DEV=cpu FLAG=--dry-run
   export TRAIN_STEPS=30 CORPUS_MB=0.3 VOCAB=512
-  T_SETUP=60 T_TESTS=150 T_BW=120 T_HOST=120 T_REPLAY=150 T_DATA=60 T_TRAIN=150
+  T_SETUP=60 T_CHECK=150 T_TESTS=150 T_BW=120 T_HOST=120 T_REPLAY=150 T_LOOP=150 T_DATA=60 T_TRAIN=150
 else
   export TRITON_INTERPRET=0 DEV=cuda FLAG= # tests/conftest.py would otherwise turn the interpreter on
   export TRAIN_STEPS=30 CORPUS_MB=1 VOCAB=2048
-  T_SETUP=40 T_TESTS=120 T_BW=70 T_HOST=30 T_REPLAY=60 T_DATA=25 T_TRAIN=80
+  T_SETUP=30 T_CHECK=90 T_TESTS=75 T_BW=50 T_HOST=25 T_REPLAY=45 T_LOOP=45 T_DATA=20 T_TRAIN=55
 fi
+# a cold Triton cache of this run's own: the compiles each step needs are counted in it
+export TRITON_CACHE_DIR=$WORK/triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+compiled() { find "$TRITON_CACHE_DIR" -name '*.cubin' 2>/dev/null | wc -l; }
 
 # -- the steps (each runs as `bash -c step_x` under timeout) ---------------------------------------
 step_setup() {
@@ -158,19 +168,42 @@ step_train() {
   for f in metrics.jsonl summary.json config.toml comm_stats.txt; do
     [[ -f $run/$f ]] && cp "$run/$f" "$OUT_DIR/train/"
   done
-  if [[ $rc != 0 ]]; then
-    if ! python -c "import dataclasses, sys; from taco.train.config import TrainConfig; \
-sys.exit('device' not in {f.name for f in dataclasses.fields(TrainConfig)})"; then
-      echo "KEY train.device is not a config key on this branch (added by a parallel branch)"
-    fi
-    exit "$rc"
-  fi
+  [[ $rc == 0 ]] || exit "$rc"
   python benchmarks/gpu_check.py train-check "$run" --device "$DEV"
 }
-export -f step_setup step_kernel_tests step_data step_train
+
+step_loopback() {
+  python -c "import pytest" 2>/dev/null || { echo "KEY pytest is not installed"; exit 77; }
+  local out=$WORK/loopback.out
+  python -m pytest -q -p no:cacheprovider tests/test_comm_loopback.py 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  if [[ $DRY == 0 ]] && ! grep -q "passed" "$out"; then
+    exit 1
+  fi
+  exit "$rc"
+}
+
+step_train_tp2() {
+  local gpus
+  gpus=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [[ $DRY == 1 || $gpus -lt 2 ]]; then
+    echo "KEY $gpus GPU(s): the TP=2 trainer step needs two"
+    exit 77
+  fi
+  [[ -f $WORK/data_args ]] || { echo "KEY no data set: the train-data step failed"; exit 77; }
+  local run=$WORK/run-tp2
+  rm -rf "$run"
+  # shellcheck disable=SC2046 # data_args is a list of --key=value words without spaces
+  python -m taco.cli train --config configs/demo.toml --train.device=cuda --train.steps="$TRAIN_STEPS" \
+    --parallel.tp=2 --compression.tp_codec=taco $(cat "$WORK/data_args") --train.out_dir="$run" \
+    --train.eval_interval="$TRAIN_STEPS" --train.eval_steps=2 --train.log_interval=10 \
+    --train.checkpoint_interval="$TRAIN_STEPS" --train.resume=false || exit 1
+  python benchmarks/gpu_check.py train-check "$run" --device cuda
+}
+export -f step_setup step_kernel_tests step_data step_train step_loopback step_train_tp2
 
 # -- the runner ------------------------------------------------------------------------------------
-NAMES=() STATUS=() SECS=() TMOS=() RCS=() KEYS=()
+NAMES=() STATUS=() SECS=() TMOS=() RCS=() KEYS=() COMPILES=()
 
 run_step() { # name timeout_s command...
   local name=$1 tmo=$2
@@ -178,7 +211,8 @@ run_step() { # name timeout_s command...
   local slog=$OUT_DIR/steps/$name.log
   : >"$slog"
   printf '\n=== [%s] timeout %ss: %s\n' "$name" "$tmo" "$*" | tee -a "$LOG"
-  local t0 t1 rc status keys
+  local t0 t1 rc status keys c0
+  c0=$(compiled)
   t0=$(date +%s.%N)
   timeout -k 5 "$tmo" "$@" </dev/null 2>&1 | tee -a "$LOG" "$slog"
   rc=${PIPESTATUS[0]}
@@ -194,17 +228,21 @@ run_step() { # name timeout_s command...
     keys=$(grep -v '^\s*$' "$slog" | tail -n 1 | cut -c1-160)
   fi
   NAMES+=("$name") STATUS+=("$status") RCS+=("$rc") TMOS+=("$tmo") KEYS+=("$keys")
+  COMPILES+=("$(($(compiled) - c0))")
   SECS+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')")
 }
 
 START=$(date +%s)
 run_step setup "$T_SETUP" bash -c step_setup
+run_step codec-check "$T_CHECK" python benchmarks/gpu_check.py codec-check $FLAG
 run_step kernel-tests "$T_TESTS" bash -c step_kernel_tests
 run_step codec-bandwidth "$T_BW" python benchmarks/gpu_check.py bandwidth $FLAG
 run_step host-overhead "$T_HOST" python benchmarks/gpu_check.py host $FLAG
 run_step allreduce-replay "$T_REPLAY" python benchmarks/gpu_check.py replay $FLAG
+run_step comm-loopback "$T_LOOP" bash -c step_loopback
 run_step train-data "$T_DATA" bash -c step_data
 run_step train "$T_TRAIN" bash -c step_train
+run_step train-tp2 "$T_TRAIN" bash -c step_train_tp2
 TOTAL=$(($(date +%s) - START))
 
 # -- summary: a table on stdout (and in the log), JSON in OUT_DIR ----------------------------------
@@ -212,25 +250,28 @@ FAILED=0
 for st in "${STATUS[@]}"; do [[ $st == FAILED* ]] && FAILED=$((FAILED + 1)); done
 {
   printf '\n=== summary (%s, %ss in all; log %s)\n' "$([[ $DRY == 1 ]] && echo dry-run || echo gpu)" "$TOTAL" "$LOG"
-  printf '%-17s %-34s %7s  %s\n' step status seconds "key figures"
+  printf '%-17s %-34s %7s %8s  %s\n' step status seconds compiles "key figures"
   for i in "${!NAMES[@]}"; do
-    printf '%-17s %-34s %7s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${KEYS[$i]}"
+    printf '%-17s %-34s %7s %8s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${COMPILES[$i]}" \
+      "${KEYS[$i]}"
   done
+  printf 'Triton compiles in all: %s (cache %s)\n' "$(compiled)" "$TRITON_CACHE_DIR"
 } | tee -a "$LOG"
 
 for i in "${!NAMES[@]}"; do
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${RCS[$i]}" "${SECS[$i]}" "${TMOS[$i]}" \
-    "${KEYS[$i]}"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${RCS[$i]}" "${SECS[$i]}" \
+    "${TMOS[$i]}" "${COMPILES[$i]}" "${KEYS[$i]}"
 done | python -c '
 import json, sys
 steps = []
 for line in sys.stdin:
-    name, status, rc, secs, tmo, keys = line.rstrip("\n").split("\t")
+    name, status, rc, secs, tmo, comp, keys = line.rstrip("\n").split("\t")
     steps.append({"name": name, "status": status, "rc": int(rc), "seconds": float(secs),
-                  "timeout_s": int(tmo), "key": keys})
-mode, total, log, out = sys.argv[1:5]
-json.dump({"mode": mode, "total_s": int(total), "log": log, "steps": steps}, open(out, "w"), indent=2)
-' "$([[ $DRY == 1 ]] && echo dry-run || echo gpu)" "$TOTAL" "$LOG" "$OUT_DIR/summary.json" ||
+                  "timeout_s": int(tmo), "compiles": int(comp), "key": keys})
+mode, total, log, out, comp = sys.argv[1:6]
+json.dump({"mode": mode, "total_s": int(total), "compiles": int(comp), "log": log, "steps": steps},
+          open(out, "w"), indent=2)
+' "$([[ $DRY == 1 ]] && echo dry-run || echo gpu)" "$TOTAL" "$LOG" "$OUT_DIR/summary.json" "$(compiled)" ||
   echo "could not write $OUT_DIR/summary.json" | tee -a "$LOG"
 echo "summary: $OUT_DIR/summary.json" | tee -a "$LOG"
 [[ $FAILED == 0 ]]

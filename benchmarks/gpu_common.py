@@ -99,8 +99,8 @@ class Timer:
 
 
 # -- the codecs with a Triton kernel ---------------------------------------------------------------
-# Timed besides the registry's defaults, each right after the codec of its name: issue 13's candidate
-# (signs="auto" quantizes every group under both rotations).
+# Timed besides the registry's defaults, each right after the codec of its name: the signs="auto"
+# variant (it quantizes every group under both rotations).
 EXTRA_SPECS = ("int6-hadamard(group_size=64,scale_fmt=bf16,signs=auto)",)
 
 

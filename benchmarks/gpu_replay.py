@@ -18,7 +18,7 @@ class RankReplay:
              `codec.encode_chunks` (fused) or one `codec.encode` per chunk (unfused);
     middle:  the N-1 received wire chunks of its own chunk + its own raw values -> fp32 sum in rank
              order -> encode, fused (`codec.decode_sum_encode`, what `AllReduceSlice.reduce` runs)
-             or unfused (decode each to fp32, add, encode: the path before issue 12);
+             or unfused (decode each to fp32, add, encode);
     finish:  decode the N wire chunks of the all-gather (own included) into the output: one
              `codec.decode_chunks` straight into it (fused) or one decode per chunk (unfused).
     The received buffers hold real encodings (of other random messages), so the data is realistic.
