@@ -2,14 +2,15 @@
 
 Why this step exists: the bandwidth and replay steps time the Triton kernels of a dozen codec variants;
 a timing of a wrong kernel is worthless, so each of them is first checked against the eager reference
-(the specification, docs/design.md 1.1) on the same device and inputs, in every input dtype and for the
-three wire-level calls (encode, decode, decode-sum-encode), with a ragged tail, a NaN group and a zero
-group. It runs first and in parallel worker processes (one codec each), so it is also the compile
-warm-up: every Triton specialization the later steps need lands in the shared Triton cache here.
+(the specification, docs/design.md 1.1) on the same device and inputs, for the three wire-level calls
+(encode, decode, decode-sum-encode) in the dtype they are timed in (bf16; the CUDA kernel tests cover
+fp32 and fp16), with a ragged tail, a NaN group and a zero group. It runs first and in parallel worker
+processes (one codec each), so it is also the compile warm-up: the later steps find the Triton
+specializations they need in the shared Triton cache this step fills.
 
-Criteria per codec and dtype (docs/design.md 1.1 and 4): the bytes may differ from eager's only where
-the rotation's fp32 sums round differently (a step of one code; counted and printed); the round trip's
-SQNR within 0.05 dB of eager's; decode of the same bytes within one output ulp-scale of eager's;
+Criteria per codec (docs/design.md 1.1 and 4): the bytes may differ from eager's only where the
+rotation's fp32 sums round differently (counted and printed); the round trip's SQNR within 0.05 dB of
+eager's; decode of the same bytes within one output ulp (of the message's absmax) of eager's;
 decode-sum-encode's SQNR within 0.05 dB; NaN in -> NaN out for that group only; zeros -> exact zeros.
 """
 
@@ -23,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from gpu_common import key, need_codecs, pick_device
 
-DTYPES = ("bfloat16", "float32", "float16")
+DTYPES = ("bfloat16",)  # the dtype the later steps time; tests/test_kernels.py covers fp32/fp16 on CUDA
 # decode of the same bytes, Triton against eager: the rotation's fp32 sums may round differently,
 # then the output cast may move by one ulp of the output dtype (relative to the message's absmax)
 DECODE_TOL = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 1e-5}

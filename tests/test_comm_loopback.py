@@ -204,9 +204,10 @@ def test_loopback_sees_a_missing_wait(device):
     """The harness can fail: a consumer that reads a transfer's output without `wait()` reads the
     stale buffer on CUDA (the transfer sleeps first); on the CPU the copy is synchronous."""
     dev = torch.device(device)
-    with Loopback(2, 0, dev) as lb:
+    with Loopback(2, 0, dev, delay_us=20_000) as lb:  # 20 ms: longer than any host-side hiccup
         inp = torch.ones(1 << 16, device=dev)
         out = torch.zeros(2 << 16, device=dev)
+        out.sum()  # load the reduction kernel before the race is set up (lazy module loading)
         work = lb.all_gather_into(out, inp, async_op=True)
         early = out.sum()  # no wait: on CUDA this runs before the delayed copy
         work.wait()
