@@ -48,7 +48,7 @@ def format_report(report: ClusterReport) -> str:
             lines.append(
                 f"{link:>10} {r.codec:<14} {s.step_s * 1e3:>9.1f} {s.tokens_per_s:>7.0f} "
                 f"{r.f:>5.2f} {_fmt(r.f_cap, '>5.2f')} {r.r:>5.2f} {r.speedup:>7.2f} {ci_text(r):>11} "
-                f"{r.ideal:>6.2f} {'-' if base else format(r.of_ideal, '>7.1%'):>8} "
+                f"{r.ideal:>6.2f} {'-' if base or r.codec == CONTROL else format(r.of_ideal, '>7.1%'):>8} "
                 f"{_fmt(model_ms, '>9.1f')} "
                 f"{_fmt(r.model_err_pct, '>+6.1f')} {s.val_loss:>8.4f} "
                 f"{'-' if base else format(r.val_gap_pct, '>+6.3f'):>6} "
