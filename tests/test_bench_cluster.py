@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -264,3 +265,79 @@ def test_tiny_real_run_in_a_capped_namespace(tmp_path):
     assert "tbf" in res["results"][1]["qdisc"]
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"taco-{os.getpid()}-" not in names  # the namespace is gone
+
+
+def test_ratio_interval_is_the_t_interval_of_the_log_ratios():
+    from taco.bench.cluster_noise import half_width, no_effect, ratio_interval, t95
+
+    assert ratio_interval([1.0, 1.0], [0.5, 0.5]) == pytest.approx((2.0, 2.0))
+    assert ratio_interval([1.0], [0.5]) is None  # one round: no interval
+    base, run = [1.0, 1.1, 0.9], [0.5, 0.5, 0.5]
+    logs = [math.log(b / r) for b, r in zip(base, run)]
+    half = 4.303 * statistics.stdev(logs) / math.sqrt(3)
+    lo, hi = ratio_interval(base, run)
+    mean = statistics.fmean(logs)
+    assert (lo, hi) == pytest.approx((math.exp(mean - half), math.exp(mean + half)))
+    assert half_width((0.97, 1.01)) == pytest.approx(0.02)
+    assert no_effect((0.97, 1.01)) and not no_effect((1.01, 1.05)) and not no_effect(None)
+    assert t95(1) == pytest.approx(12.706) and t95(100) == 1.96
+    with pytest.raises(ValueError, match="2 samples"):
+        t95(0)
+
+
+def _rounds_link(rate: float | None, rounds: list[dict[str, float]]) -> LinkResult:
+    """One link's runs of `rounds` (per round: codec -> step seconds), in the alternating order of
+    `--repeats` (every other round reversed)."""
+    runs = []
+    for i, times in enumerate(rounds):
+        order = list(times.items()) if i % 2 == 0 else list(times.items())[::-1]
+        runs += [_rec("bf16", codec, rate, t, 0.8 * t if codec == "none" else 0.4 * t, 2, 2)
+                 for codec, t in order]  # fmt: skip
+    return LinkResult.from_json(dict(rate_mbit=rate, probe=dict(bytes_per_s=6e6, rtt_s=1e-3), calib=CALIB_50,
+                                     runs=runs))  # fmt: skip
+
+
+def test_a_a_control_gives_the_noise_floor_and_every_row_an_interval(tmp_path):
+    from taco.bench.cluster_noise import CONTROL
+    from taco.bench.cluster_report import write_json
+
+    cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
+    sweep = Sweep.of(cfg, modes=["bf16"], codecs=["taco", "auto"], warmup=1, burst="0b")
+    rounds = [  # taco: a clear 2x; auto (which kept the plain collectives): the baseline's time, +-1%
+        {"none": 1.00, CONTROL: 1.01, "taco": 0.50, "auto": 0.99},
+        {"none": 1.02, CONTROL: 1.00, "taco": 0.52, "auto": 1.02},
+        {"none": 0.99, CONTROL: 0.99, "taco": 0.49, "auto": 1.00},
+    ]
+    rep = analyse([_rounds_link(50.0, rounds)], sweep, {})
+    rows = {r.codec: r for r in rep.rows}
+    assert list(rows) == ["none", CONTROL, "taco", "auto"]
+    aa = [math.log(r["none"] / r[CONTROL]) for r in rounds]
+    floor = 4.303 * statistics.stdev(aa) / math.sqrt(3)  # log half-width ~ the ratio's half-width
+    assert rep.noise_floor == pytest.approx(floor, rel=0.01) and rows["taco"].noise_floor == rep.noise_floor
+    assert rows[CONTROL].no_effect and rows["auto"].no_effect  # intervals around 1.0
+    lo, hi = rows["taco"].speedup_ci95
+    assert 1.9 < lo < 2.0 < hi < 2.1 and not rows["taco"].no_effect
+    assert rows["none"].speedup_ci95 is None
+    text = format_report(rep)
+    assert text.count("no effect measured") == 2 and "noise floor (the A/A control's 95% half-width)" in text
+    md = format_markdown(rep)
+    assert "95% CI" in md and "no effect measured (" in md and f"{lo:.3f}-{hi:.3f}" in md
+    out = tmp_path / "s.json"
+    write_json(str(out), {}, [], {}, rep)
+    doc = json.loads(out.read_text())
+    assert doc["noise_floor"] == pytest.approx(rep.noise_floor)
+    got = {r["codec"]: r for r in doc["rows"]}
+    assert got["taco"]["speedup_ci95"] == pytest.approx([lo, hi]) and got["auto"]["no_effect"]
+
+
+def test_repeats_add_the_a_a_control_with_the_baseline_config(tmp_path):
+    from taco.bench.cluster_noise import CONTROL
+
+    cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
+    args = argparse.Namespace(comm=["bf16"], codecs=["taco"], threads=1, backend="auto", warmup=1, timeout=60,
+                              repeats=1)  # fmt: skip
+    assert [s["codec"] for s in cluster.plan_runs(cfg, args, tmp_path)] == ["none", "taco"]
+    args.repeats = 3
+    specs = cluster.plan_runs(cfg, args, tmp_path)
+    assert [s["codec"] for s in specs] == ["none", CONTROL, "taco"]
+    assert specs[0]["config"] == specs[1]["config"]  # the control is the baseline job itself

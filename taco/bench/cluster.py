@@ -51,6 +51,7 @@ from taco.codec.specs import split_specs
 
 from . import bench_main, cli_entry
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
+from .cluster_noise import CONTROL
 from .cluster_records import MODES, PHASES, LinkResult, RunRecord
 from .cluster_report import format_markdown, format_report, load_sweep, write_json, write_plots
 from .codec import best_time
@@ -86,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or none (then no f_cap and no model)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each (mode, codec) per link, in alternating order (A B B A ..), pooled: "
-                        "drift between runs cancels in the ratios")  # fmt: skip
+                        "drift between runs cancels in the ratios; from 2 on the baseline also runs as "
+                        "an A/A control and each speedup gets a 95%% interval (the noise floor)")  # fmt: skip
     p.add_argument("--model-codec", choices=("inplace", "microbench"), default="inplace",
                    help="model codec cost: from the uncapped training run, or a microbenchmark")  # fmt: skip
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per link rate")
@@ -248,15 +250,17 @@ def _worker(job_path: str) -> int:
 
 
 def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[str, Any]]:
-    """One spec per (comm mode, codec): the baseline "none" first in each mode."""
+    """One spec per (comm mode, codec): the baseline "none" first in each mode; with `--repeats` >= 2
+    the baseline again right after it as the A/A control (`cluster_noise.CONTROL`)."""
     from taco.codec.specs import codec_config
 
     bad = [m for m in args.comm if m not in MODES]
     if bad:
         raise ValueError(f"unknown --comm modes {bad}: choose from {', '.join(MODES)}")
     specs = []
+    control = [CONTROL] if getattr(args, "repeats", 1) >= 2 else []
     for mode in args.comm:
-        for codec in ["none", *[c for c in args.codecs if c != "none"]]:
+        for codec in ["none", *control, *[c for c in args.codecs if c not in ("none", CONTROL)]]:
             c = copy.deepcopy(cfg)
             dtype, comm_dtype = MODE_DTYPES[mode]
             c.train.dtype = type(c.train.dtype).parse(dtype, "train.dtype")
@@ -264,7 +268,10 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
             base = auto_base(codec)  # "auto" / "auto:CODEC": that codec only where it pays
             opts = cfg.compression.tp_codec_options  # with a spec string's ("int6-hadamard(signs=true)")
-            c.compression.tp_codec, c.compression.tp_codec_options = codec_config(base or codec, opts)
+            plain = codec == CONTROL  # the A/A control runs the baseline's config
+            c.compression.tp_codec, c.compression.tp_codec_options = codec_config(
+                "none" if plain else base or codec, opts
+            )
             c.compression.when = "auto" if base else "always"
             c.compression.telemetry_every = 0  # timed runs: no fidelity round trips inside the timing
             c.train.resume = False
@@ -380,13 +387,13 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     meta, results, rates = load_sweep(args.from_json)
     args.comm = list(meta["modes"])
     runs = [r for res in results for r in res.runs]
-    args.codecs = list(dict.fromkeys(r.codec for r in runs if r.codec != "none"))
+    args.codecs = list(dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL)))
     args.rates = [res.rate_mbit for res in results if res.rate_mbit]
     args.warmup = meta["warmup"] if args.warmup is None else args.warmup
     args.burst = meta["burst"]
     args.delay = meta.get("delay_ms", 0.0)
     args.repeats = meta.get("repeats", 1)
-    args.fused_reduce = meta.get("fused_reduce", False)  # sweeps saved before issue 12: unfused
+    args.fused_reduce = meta.get("fused_reduce", False)  # sweeps saved before the fused path: unfused
     return Config.from_dict(meta["config"]), results, rates
 
 

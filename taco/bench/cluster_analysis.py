@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cost_model as cm
+from .cluster_noise import CONTROL, no_effect, noise_floors, ratio_interval, round_means
 from .cluster_records import LinkResult, RunRecord, RunSummary, pool_runs
 
 AUTO_CODEC = "taco"
@@ -247,6 +248,15 @@ class ReportRow:
     curve_max_pct: float
     model_step_s: float | None = None
     """the cost model's step time (None without uncapped reference runs)"""
+    speedup_ci95: tuple[float, float] | None = None
+    """95% interval of the speedup from the paired rounds of `--repeats` (`cluster_noise.py`)"""
+    noise_floor: float | None = None
+    """this link's A/A half-width (`cluster_noise.py`), None without a control"""
+
+    @property
+    def no_effect(self) -> bool:
+        """The interval contains 1.0: no effect measured."""
+        return no_effect(self.speedup_ci95)
 
     @property
     def of_ideal(self) -> float:
@@ -263,7 +273,8 @@ class ReportRow:
                  f=self.f, f_cap=self.f_cap, r=self.r, speedup=self.speedup, ideal=self.ideal,
                  val_gap_pct=self.val_gap_pct, train_gap_pct=self.train_gap_pct,
                  curve_gap_pct=self.curve_gap_pct, curve_max_pct=self.curve_max_pct,
-                 of_ideal=self.of_ideal)  # fmt: skip
+                 of_ideal=self.of_ideal, speedup_ci95=self.speedup_ci95, noise_floor=self.noise_floor,
+                 no_effect=self.no_effect)  # fmt: skip
         if self.model_step_s is not None:
             d.update(model_step_s=self.model_step_s, model_err_pct=self.model_err_pct)
         return d
@@ -280,11 +291,13 @@ class ClusterReport:
     links: dict[float | None, dict[str, float]]
     """per rate: the calibration plus the probe's bandwidth and round trip"""
     codec_rates: dict[str, dict[str, float]]
+    noise_floor: float | None = None
+    """the largest A/A 95% half-width over the sweep's links (None without a control)"""
 
     def to_json(self) -> dict[str, Any]:
         return dict(rows=[r.to_json() for r in self.rows], wire_dtype=self.wire_dtype,
                     model_inputs={m: v.to_json() for m, v in self.model_inputs.items()}, links=self.links,
-                    codec_rates=self.codec_rates)  # fmt: skip
+                    codec_rates=self.codec_rates, noise_floor=self.noise_floor)  # fmt: skip
 
 
 def _gap(s: RunSummary, base: RunSummary, key: str) -> float:
@@ -298,7 +311,10 @@ def curve_gap(rec: RunRecord, base: RunRecord) -> tuple[float, float]:
 
 
 def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterReport:
-    """Rows of the report (one per mode x link x codec), dtype checks and model inputs per mode."""
+    """Rows of the report (one per mode x link x codec, the A/A control's too), dtype checks and model
+    inputs per mode; with repeated rounds each row's speedup interval and its link's noise floor."""
+    rounds = round_means(results, sweep.warmup)  # per run, before the rounds are pooled
+    floors = noise_floors(rounds)
     results = pool_runs(results, sweep.warmup)
     runs = {(r.mode, r.rate_mbit, r.codec): r for res in results for r in res.runs}
     rows, checks, inputs = [], {}, {}
@@ -315,7 +331,7 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
             base = base_rec.summarize(sweep.warmup, sweep.tokens)
             f = base.comm_s / base.step_s
             f_cap = 1 - inputs[mode].compute_s / base.step_s if mode in inputs else float("nan")
-            for codec in ["none", *sweep.codecs]:
+            for codec in ["none", CONTROL, *sweep.codecs]:
                 rec = runs.get((mode, rate, codec))
                 if rec is None or (codec == "none" and codec in sweep.codecs):
                     continue
@@ -326,7 +342,11 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
                                 ideal=cm.ideal_speedup(f, r), val_gap_pct=_gap(s, base, "val_loss"),
                                 train_gap_pct=_gap(s, base, "train_loss"), curve_gap_pct=curve_mean,
                                 curve_max_pct=curve_max)  # fmt: skip
-                if mode in inputs:
+                if codec != "none":  # paired rounds: this run against the baseline of the same round
+                    pair = rounds[(mode, rate, "none")], rounds[(mode, rate, codec)]
+                    row.speedup_ci95 = ratio_interval(*pair)
+                row.noise_floor = floors.get((mode, rate))
+                if mode in inputs and codec != CONTROL:
                     link = link_of(res, sweep.burst, sweep.delay_ms)
                     row.model_step_s = model_step(inputs[mode], rates, codec, sweep, link)
                 rows.append(row)
@@ -334,7 +354,7 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
         res.rate_mbit: dict(res.calib, probe_bytes_per_s=res.probe["bytes_per_s"], rtt_s=res.probe["rtt_s"])
         for res in results
     }
-    return ClusterReport(rows, checks, inputs, links, rates)
+    return ClusterReport(rows, checks, inputs, links, rates, max(floors.values(), default=None))
 
 
 def model_curves(report: ClusterReport, sweep: Sweep) -> dict[str, list[tuple[float, float]]]:

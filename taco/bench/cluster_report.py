@@ -13,19 +13,28 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .cluster_analysis import ClusterReport
+from .cluster_analysis import ClusterReport, ReportRow
+from .cluster_noise import CONTROL
 from .cluster_records import MODES, LinkResult
+
+NO_EFFECT = "no effect measured"
 
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
 
 
+def ci_text(r: ReportRow) -> str:
+    """A row's 95% speedup interval ("-" without repeated rounds)."""
+    return "-" if r.speedup_ci95 is None else f"{r.speedup_ci95[0]:.3f}-{r.speedup_ci95[1]:.3f}"
+
+
 def format_report(report: ClusterReport) -> str:
-    """Every row of every mode, one block per mode headed by its wire-dtype check."""
+    """Every row of every mode, one block per mode headed by its wire-dtype check; rows whose 95%
+    interval contains 1.0 end in "no effect measured"; the noise floor of each link last."""
     head = (f"{'link':>10} {'codec':<14} {'step ms':>9} {'tok/s':>7} {'f':>5} {'f_cap':>5} {'r':>5} "
-            f"{'speedup':>7} {'ideal':>6} {'of ideal':>8} {'model ms':>9} {'err %':>6} {'val loss':>8} "
-            f"{'gap %':>6} {'train gap %':>11} {'curve %':>7} {'load':>5}")  # fmt: skip
+            f"{'speedup':>7} {'95% CI':>11} {'ideal':>6} {'of ideal':>8} {'model ms':>9} {'err %':>6} "
+            f"{'val loss':>8} {'gap %':>6} {'train gap %':>11} {'curve %':>7} {'load':>5}")  # fmt: skip
     lines = []
     for mode in dict.fromkeys(r.mode for r in report.rows):
         chk = report.wire_dtype.get(mode)
@@ -38,14 +47,20 @@ def format_report(report: ClusterReport) -> str:
             model_ms = float("nan") if r.model_step_s is None else r.model_step_s * 1e3
             lines.append(
                 f"{link:>10} {r.codec:<14} {s.step_s * 1e3:>9.1f} {s.tokens_per_s:>7.0f} "
-                f"{r.f:>5.2f} {_fmt(r.f_cap, '>5.2f')} {r.r:>5.2f} {r.speedup:>7.2f} "
-                f"{r.ideal:>6.2f} {'-' if base else format(r.of_ideal, '>7.1%'):>8} "
+                f"{r.f:>5.2f} {_fmt(r.f_cap, '>5.2f')} {r.r:>5.2f} {r.speedup:>7.2f} {ci_text(r):>11} "
+                f"{r.ideal:>6.2f} {'-' if base or r.codec == CONTROL else format(r.of_ideal, '>7.1%'):>8} "
                 f"{_fmt(model_ms, '>9.1f')} "
                 f"{_fmt(r.model_err_pct, '>+6.1f')} {s.val_loss:>8.4f} "
                 f"{'-' if base else format(r.val_gap_pct, '>+6.3f'):>6} "
                 f"{'-' if base else format(r.train_gap_pct, '>+11.3f'):>11} "
                 f"{'-' if base else format(r.curve_gap_pct, '>+7.3f'):>7} {_fmt(s.load, '>5.1f')}"
+                + (f"  {NO_EFFECT}" if r.no_effect else "")
             )
+    floors = {(r.mode, r.rate_mbit): r.noise_floor for r in report.rows if r.noise_floor is not None}
+    if floors:
+        links = ", ".join(f"{m} {f'{k:g} Mb/s' if k else 'uncapped'} {v:.1%}" for (m, k), v in floors.items())
+        floor = f"{report.noise_floor:.1%}"
+        lines += ["", f"noise floor (the A/A control's 95% half-width): {floor}; per link: {links}"]
     return "\n".join(lines)
 
 
@@ -53,7 +68,7 @@ def format_markdown(report: ClusterReport) -> str:
     """The capped rows of every mode as one markdown table (the README's and docs/cluster.md's)."""
     rows = report.rows
     several = len({r.codec for r in rows if r.codec != "none"}) > 1  # then each row names its codec
-    head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "ideal",
+    head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "95% CI", "ideal",
             "of ideal", "model err base / codec", "val loss gap"]  # fmt: skip
     if several:
         head[4:5] = ["codec", "codec ms/step"]
@@ -65,12 +80,16 @@ def format_markdown(report: ClusterReport) -> str:
         err = "-"
         if r.model_err_pct is not None and base.model_err_pct is not None:
             err = f"{base.model_err_pct:+.1f}% / {r.model_err_pct:+.1f}%"
+        speed = f"{NO_EFFECT} ({r.speedup:.2f}x)" if r.no_effect else f"**{r.speedup:.2f}x**"
         cells = [r.mode, f"{r.rate_mbit:g}", f"{base.run.step_s * 1e3:.0f}", f"{r.f:.2f}",
-                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", f"**{r.speedup:.2f}x**",
+                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", speed, ci_text(r),
                  f"{r.ideal:.2f}x", f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
         if several:
             cells.insert(4, r.codec)
         lines.append("| " + " | ".join(cells) + " |")
+    if report.noise_floor is not None:
+        lines += ["", f"Noise floor (the baseline against itself, {CONTROL}, 95% half-width): "
+                      f"{report.noise_floor:.1%}."]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -33,19 +33,29 @@ def _save(plt: Any, fig: Any, path: str) -> None:
 
 
 def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
-    """One panel per comm mode: measured speedup (o), ideal (x) and model (line) vs Mbit/s."""
+    """One panel per comm mode: measured speedup (o, with its 95% interval when the sweep has repeated
+    rounds), ideal (x) and model (line) vs Mbit/s; the A/A control's band shaded around 1.0."""
+    from .cluster_noise import CONTROL
+
     plt = _pyplot()
-    modes = list(dict.fromkeys(r.mode for r in rows if r.codec != "none" and r.rate_mbit))
+    modes = list(dict.fromkeys(r.mode for r in rows if r.codec not in ("none", CONTROL) and r.rate_mbit))
     if not modes:
         raise ValueError("no capped runs with a codec to plot")
     fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.2), squeeze=False)
     for ax, mode in zip(axes[0], modes):
-        codecs = dict.fromkeys(r.codec for r in rows if r.mode == mode and r.codec != "none")
+        codecs = dict.fromkeys(r.codec for r in rows if r.mode == mode and r.codec not in ("none", CONTROL))
         for i, codec in enumerate(codecs):
             color = f"C{i}"
-            pts = sorted((r.rate_mbit, r.speedup, r.ideal) for r in rows
-                         if (r.mode, r.codec) == (mode, codec) and r.rate_mbit)  # fmt: skip
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=f"{codec} measured")
+            sel = sorted((r for r in rows if (r.mode, r.codec) == (mode, codec) and r.rate_mbit),
+                         key=lambda r: r.rate_mbit)  # fmt: skip
+            pts = [(r.rate_mbit, r.speedup, r.ideal) for r in sel]
+            if all(r.speedup_ci95 for r in sel):
+                lo = [max(0.0, r.speedup - r.speedup_ci95[0]) for r in sel]
+                err = [lo, [max(0.0, r.speedup_ci95[1] - r.speedup) for r in sel]]
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err, fmt="o", color=color,
+                            capsize=3, label=f"{codec} measured (95% interval)")  # fmt: skip
+            else:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=f"{codec} measured")
             ax.plot(
                 [p[0] for p in pts], [p[2] for p in pts], "x", color=color, alpha=0.6, label=f"{codec} ideal"
             )
@@ -55,6 +65,9 @@ def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, floa
                     [c[0] for c in curve], [c[1] for c in curve], "-", color=color, label=f"{codec} model"
                 )
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        floors = [r.noise_floor for r in rows if r.mode == mode and r.noise_floor is not None]
+        if floors:  # the widest A/A half-width of the mode's links
+            ax.axhspan(1 - max(floors), 1 + max(floors), color="grey", alpha=0.15, label="A/A noise floor")
         ax.set_xscale("log")
         ax.set_xlabel("emulated link (Mbit/s, tc-capped lo)")
         ax.set_ylabel("end-to-end speedup over the uncompressed run")
