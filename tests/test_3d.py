@@ -90,8 +90,10 @@ def parallel_step(
     zero: bool = False,
     overlap_p2p: bool = True,
     overlap_wgrad: bool = True,
+    check_sizes: bool = False,
 ) -> dict:
-    """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set."""
+    """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set.
+    `check_sizes`: the policies' size check (p2p headers) on."""
     torch.manual_seed(0)
     model = tiny(kind, n_layer)
     ref = copy.deepcopy(model)
@@ -99,7 +101,7 @@ def parallel_step(
     idx = torch.randint(0, VOCAB, (batch, SEQ))
     tgt = torch.randint(0, VOCAB, (batch, SEQ))
     codecs = codecs or {}
-    pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=False) for a in ("tp", "pp", "dp")}
+    pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=check_sizes) for a in ("tp", "pp", "dp")}
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
     apply_tensor_parallel(model, None, dims, pol["tp"], overlap_wgrad=overlap_wgrad)
     stage = PipelineStage(model, dims.pp_rank, pp)

@@ -138,7 +138,7 @@ def _model_body(rank: int, world: int, algo: str) -> dict:
     tight = tc.CommPolicy(codec="taco", max_cached_bytes=20_000, all_reduce_algo=algo)  # evicts
     requested = []  # (role, nbytes) of every take of the auto policy's first round
     take = auto.buffers.take
-    auto.buffers.take = lambda role, n, dev: requested.append((role, n)) or take(role, n, dev)
+    auto.buffers.take = lambda role, n, dev, lane: requested.append((role, n)) or take(role, n, dev, lane)
     res = {"same": True, "allocated": []}
     for rnd in range(ROUNDS):
         for j, site in enumerate(SITES):

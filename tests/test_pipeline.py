@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from taco.parallel import PipelineStage, stage_layers
-from taco.parallel.pipeline import _EXCHANGE, SCHEDULES, Action, one_f_one_b_actions, schedule_actions
+from taco.parallel.pipeline import SCHEDULES, Action, exchanges, one_f_one_b_actions, schedule_actions
 from taco.parallel.tags import is_pp_copy
 from tests.dist import run_distributed
 from tests.test_3d import parallel_step, tiny
@@ -47,9 +47,11 @@ def simulate(plans: list[list[Action]]) -> bool:
 
 
 def simulate_exchanges(plans: list[list[Action]]) -> bool:
-    """`simulate` with the engine's overlap_p2p: a send and a receive with the same neighbour that
-    follow each other (`_EXCHANGE`) are both posted at once; either may complete first."""
+    """`simulate` with the engine's overlap_p2p: the send and receive of each exchange (`exchanges`)
+    are posted at once (one batch) and either may complete first; nothing after the batch is
+    posted before both have."""
     done = [[False] * len(plan) for plan in plans]
+    fused = [exchanges(plans, p) for p in range(len(plans))]
 
     def posted(p: int) -> list[int]:
         plan, i = plans[p], 0
@@ -57,9 +59,9 @@ def simulate_exchanges(plans: list[list[Action]]) -> bool:
             i += 1
         if i == len(plan):
             return []
-        nxt = i + 1
-        pair = nxt < len(plan) and not done[p][nxt] and _EXCHANGE.get(plan[i][0]) == plan[nxt][0]
-        return [i, nxt] if pair else [i]
+        if i - 1 in fused[p] and not done[p][i]:  # the second half of a batch whose first is done
+            return [i]
+        return [i, i + 1] if i in fused[p] else [i]
 
     moved = True
     while moved:
@@ -80,8 +82,17 @@ def test_1f1b_with_exchanges_runs_every_transfer_without_deadlock():
         for n_micro in range(1, 9):
             plans = [one_f_one_b_actions(s, n_stages, n_micro) for s in range(n_stages)]
             assert simulate_exchanges(plans), (n_stages, n_micro)
-            pairs = sum(_EXCHANGE.get(a[0]) == b[0] for plan in plans for a, b in zip(plan, plan[1:]))
+            pairs = 0
+            for p, plan in enumerate(plans):
+                for i in exchanges(plans, p):  # mirrored: the neighbour runs the matching pair as one too
+                    (a, ka), (b, kb) = plan[i], plan[i + 1]
+                    q = p + _PEER[a]
+                    j = min(plans[q].index((_MATCH[a], ka)), plans[q].index((_MATCH[b], kb)))
+                    assert j in exchanges(plans, q), (n_stages, n_micro, p, i)
+                    pairs += 1
             assert pairs >= 2 * (n_stages - 2) * max(0, n_micro - n_stages), (n_stages, n_micro, pairs)
+            if 1 < n_stages < n_micro:  # the steady state has exchanges
+                assert pairs > 0, (n_stages, n_micro)
 
 
 def test_stages_are_balanced_contiguous_and_cover_every_layer():

@@ -11,8 +11,10 @@ CUDA ordering assumption: a call gives a buffer back after the host has enqueued
 (after `work.wait()`, which orders the current stream after the transfer) and the next call
 that takes it enqueues its own uses later on the same current stream, so the stream orders the
 two uses without a host sync. Compressed calls take, use and give their buffers inside their
-`Lane` (`compressed.py`), i.e. on the device's one codec side stream, so that stream orders
-every use; a buffer dropped from the cache goes back to torch's caching allocator, which is
+`Lane` (`streams.py`), i.e. on the codec side stream of their (device, communicator), and
+pass that communicator as the buffer's `lane`: a buffer given back on one lane is only taken
+again on the same lane, so one stream orders every use of it (two communicators' streams never
+share one); a buffer dropped from the cache goes back to torch's caching allocator, which is
 stream-ordered in the same way.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 
 import torch
 
@@ -27,6 +30,8 @@ AUTO_CAP_FACTOR = 4
 """without a fixed cap, idle buffers may hold this many times the largest message (or request)"""
 SMALL_BYTES = 4096
 """requests up to this size round up to 512-byte multiples"""
+_Key = tuple[str, int, str, Hashable]
+"""(role, size class, device, lane)"""
 
 
 def bucket_bytes(nbytes: int) -> int:
@@ -45,7 +50,7 @@ def bucket_bytes(nbytes: int) -> int:
 
 
 class BufferCache:
-    """uint8 buffers reused across calls and sites, keyed by (role, size class, device).
+    """uint8 buffers reused across calls and sites, keyed by (role, size class, device, lane).
 
     `take(role, nbytes, device)` returns an `nbytes` view of a buffer of `bucket_bytes(nbytes)`;
     `give(role, view)` returns it once its transfers are waited on. A taken buffer is not in the
@@ -75,11 +80,11 @@ class BufferCache:
         """largest size class taken"""
         self.largest_message = 0
         """largest message (bytes) a call noted with `note_message`"""
-        self._free: dict[tuple[str, int, str], list[torch.Tensor]] = {}
+        self._free: dict[_Key, list[torch.Tensor]] = {}
         # idle buffers, least recently given first: id(buffer) -> (key, buffer)
-        self._lru: OrderedDict[int, tuple[tuple[str, int, str], torch.Tensor]] = OrderedDict()
+        self._lru: OrderedDict[int, tuple[_Key, torch.Tensor]] = OrderedDict()
         # taken views: id(view) -> (key, buffer, view); holding the view keeps its id unique
-        self._taken: dict[int, tuple[tuple[str, int, str], torch.Tensor, torch.Tensor]] = {}
+        self._taken: dict[int, tuple[_Key, torch.Tensor, torch.Tensor]] = {}
         # take/give may come from two threads (the asynchronous DDP hook's worker shares a policy)
         self._lock = threading.Lock()
 
@@ -94,11 +99,14 @@ class BufferCache:
         """Record a call's message size (the larger of its input and output bytes) for the auto cap."""
         self.largest_message = max(self.largest_message, nbytes)
 
-    def take(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
-        """A contiguous uint8 tensor of `nbytes` on `device`, not used by any other caller until given."""
+    def take(self, role: str, nbytes: int, device: torch.device, lane: Hashable = None) -> torch.Tensor:
+        """A contiguous uint8 tensor of `nbytes` on `device`, not used by any other caller until given.
+
+        `lane`: what orders the buffer's uses on the device (compressed calls: their communicator,
+        whose side stream runs them); only a buffer given back on the same lane is reused."""
         with self._lock:
             size = bucket_bytes(nbytes)
-            key = (role, size, str(torch.device(device)))
+            key = (role, size, str(torch.device(device)), lane)
             self.largest_request = max(self.largest_request, size)
             free = self._free.get(key)
             if free:

@@ -9,9 +9,10 @@ receives, sums in fp32 and, for all-reduce, re-encodes.
 The real path is the fused path: per slice and rank one `encode_chunks` (every destination chunk),
 one `decode_sum_encode` (own chunk exact, fp32 sum in rank order) and one `decode_chunks` straight
 into the output; codecs run these through their one kernel backend (`taco.codec.backend`).
-On CUDA every codec kernel and transfer of a call runs on the device's codec side stream
-(`Lane`), ordered after the caller's stream by an event at the start and before it at the end;
-tensors crossing streams are `record_stream`ed. On gloo the same schedule runs on async work.
+On CUDA every codec kernel and transfer of a call runs on the codec side stream of its (device,
+communicator) (`streams.Lane`), ordered after the caller's stream by an event at the start
+and before it at the end; tensors crossing streams are `record_stream`ed. On gloo the same
+schedule runs on async work.
 
 Bytes per rank with N ranks and a message of n elements encoding to C(n) bytes:
 all-reduce (two-shot) 2 (N-1)/N C(n) against the ring's 2 (N-1)/N of the raw bytes;
@@ -20,7 +21,6 @@ reduce-scatter (N-1)/N C(n); all-gather (N-1) C(n_shard); send C(n).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,7 @@ from ..codec.backend import Span
 from .buffers import BufferCache
 from .handles import Steps
 from .stats import Clock, SiteStats
+from .streams import Lane, communicator
 
 # torch >= 2.13 renamed the *_tensor collectives to *_single (the old names warn); same collectives.
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -53,7 +54,8 @@ class Ctx:
     buffers: BufferCache
 
     def take(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
-        return self.buffers.take(role, nbytes, device)
+        # reused only by calls of this communicator: its side stream orders every use (buffers.py)
+        return self.buffers.take(role, nbytes, device, lane=communicator(self.group))
 
     def give(self, role: str, buf: torch.Tensor) -> None:
         self.buffers.give(role, buf)
@@ -88,46 +90,6 @@ def split_sizes(numel: int, parts: int, unit: int) -> list[int]:
         sizes.append(min(per, numel))
         numel -= sizes[-1]
     return sizes
-
-
-_SIDE: dict[torch.device, torch.cuda.Stream] = {}
-
-
-class Lane:
-    """Where one call's codec kernels and transfers run (docs/design.md 2.4).
-
-    CUDA: the device's codec side stream, which first waits for the caller's stream (the input
-    is ready) and, at `join`, is waited on by it (the output is ready); no host sync. Tensors
-    made on one stream and used on the other are `record_stream`ed so the caching allocator
-    does not reuse them early. CPU (gloo): the host, in order; every method is a no-op.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.side = self.caller = None
-        if device.type == "cuda":
-            self.caller = torch.cuda.current_stream(device)
-            self.side = _SIDE.get(device)
-            if self.side is None:
-                self.side = _SIDE[device] = torch.cuda.Stream(device=device)
-            self.side.wait_stream(self.caller)
-
-    def run(self) -> contextlib.AbstractContextManager:
-        """Context in which the call's kernels, buffers and transfers are issued."""
-        return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
-
-    def used_here(self, *tensors: torch.Tensor) -> None:
-        """Tensors of the caller's stream that the side stream reads or writes."""
-        if self.side is not None:
-            for t in tensors:
-                t.record_stream(self.side)
-
-    def join(self, *results: torch.Tensor) -> None:
-        """Order the caller's stream after the side stream; `results` (made on the side stream)
-        are then used on the caller's."""
-        if self.side is not None:
-            self.caller.wait_stream(self.side)
-            for t in results:
-                t.record_stream(self.caller)
 
 
 class AllReduceSlice:
@@ -248,7 +210,7 @@ def all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slices: int
         slices = 1
     unit = group_unit(ctx.codec)
     parts = [AllReduceSlice(ctx, src, dst, r) for r in slice_ranges(src.numel(), ctx.world, slices, unit)]
-    lane = Lane(src.device)
+    lane = Lane(src.device, ctx.group)
     lane.used_here(src, dst)
     with lane.run():
         parts[0].encode()
@@ -290,7 +252,7 @@ def gather_all_reduce_steps(ctx: Ctx, src: torch.Tensor, dst: torch.Tensor, slic
     offs = [sum(sizes[:i]) for i in range(len(sizes))]
     pbs = [aligned(codec.nbytes(k, src.dtype)) for k in sizes]
     bos = [sum(pbs[:i]) for i in range(len(sizes))]
-    lane = Lane(dev)
+    lane = Lane(dev, ctx.group)
     lane.used_here(src, dst)
     with lane.run():
         send = ctx.take("ag.send", sum(pbs), dev)
@@ -339,7 +301,7 @@ def reduce_scatter_steps(ctx: Ctx, x: torch.Tensor, dim: int) -> Steps:
     """One encode of the N-1 pieces of x along dim -> all-to-all -> one decode-sum (own piece
     exact, fp32 sum in rank order) straight into the result (fp16: through fp32, inf on overflow)."""
     n, r, dev = ctx.world, ctx.rank, x.device
-    lane = Lane(dev)
+    lane = Lane(dev, ctx.group)
     lane.used_here(x)
     with lane.run():
         xm, d, axis = grouping_layout(ctx.codec, x, dim)
@@ -381,7 +343,7 @@ def all_gather_steps(ctx: Ctx, x: torch.Tensor, dim: int) -> Steps:
     """One encode of own shard -> all-gather the buffers -> one decode of every shard (own too)
     straight into the result when dim is outermost (else into the stacked shards, then placed)."""
     n, dev = ctx.world, x.device
-    lane = Lane(dev)
+    lane = Lane(dev, ctx.group)
     lane.used_here(x)
     with lane.run():
         xm, d, axis = grouping_layout(ctx.codec, x, dim)

@@ -12,7 +12,7 @@ Ordering assumptions (the same ones torch.distributed makes, plus one):
   ranks must wait on their handles in the same order relative to other collectives on the group;
 - the input tensor must not be modified before `wait()` returns (it may still be read);
 - on CUDA, `wait()` does not block the host: it orders the current stream after the call's codec
-  side stream (`compressed.Lane`), which ran the kernels and waited on the transfers.
+  side stream (`streams.Lane`), which ran the kernels and waited on the transfers.
 """
 
 from __future__ import annotations

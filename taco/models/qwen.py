@@ -22,6 +22,8 @@ from torch import nn
 
 from taco.models.decoder import Decoder
 
+_SDPA_GQA = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=...) exists
+
 
 @dataclass
 class QwenConfig:
@@ -143,10 +145,11 @@ class Attention(nn.Module):
         v = v.view(b, s, nkv, hd).transpose(1, 2)  # [b, nkv, s, hd]
         q = q * cos + rotate_half(q) * sin  # [b, nq, s, hd]
         k = k * cos + rotate_half(k) * sin  # [b, nkv, s, hd]
-        if nq != nkv:
+        gqa = {"enable_gqa": True} if nq != nkv and _SDPA_GQA else {}  # each k/v head read for its group
+        if nq != nkv and not gqa:  # torch < 2.5: SDPA wants one k/v head per query head
             k = k.repeat_interleave(nq // nkv, dim=1)  # [b, nq, s, hd]
             v = v.repeat_interleave(nq // nkv, dim=1)  # [b, nq, s, hd]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, nq, s, hd]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)  # [b, nq, s, hd]
         y = y.transpose(1, 2).reshape(b, s, nq * hd)  # [b, s, nq*hd]
         return self.out(y)  # [b, s, h]
 

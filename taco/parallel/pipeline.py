@@ -9,14 +9,22 @@ and activation gradients backward with `taco.comm.send/recv`, through a codec pe
 Schedules are data: per stage a list of actions (`fwd`, `bwd`, `send_fwd`, `recv_fwd`,
 `send_bwd`, `recv_bwd`, each with its micro-batch), so the order of point-to-point operations is
 written once and tested for deadlock freedom without processes (tests/test_pipeline.py).
-Ordering assumptions: `taco.comm.send/recv` block, and a gloo send may wait until its receiver
-has posted the matching recv (rendezvous), so any two neighbours must never both send first.
-GPipe only sends one way at a time. 1F1B (Megatron, arXiv 2104.04473) has two steady-state
-exchanges in which neighbours send to each other (Megatron's `send_forward_recv_backward` and
-`send_backward_recv_forward`); there even stages send first and odd stages receive first, so
-each pair (p, p+1) always has one sender and one receiver. With `overlap_p2p` (default) such a
-send and receive run as one `taco.comm.send_recv`: both are posted before either is waited on
-(the receive first), so the exchange never depends on which neighbour reaches it first.
+Ordering assumptions, NCCL's (the strictest backend's; docs/design.md 1.3): a send completes only
+once its receiver has posted the matching receive, and a rank's transfers on the PP group run one
+after another in the order they are posted (`taco.comm` posts each as one
+`batch_isend_irecv` batch, so one communicator carries them all). GPipe only sends one way at a
+time. 1F1B (Megatron, arXiv 2104.04473) has two steady-state exchanges in which neighbours send
+to each other (Megatron's `send_forward_recv_backward` and `send_backward_recv_forward`); there
+even stages send first and odd stages receive first, so each pair (p, p+1) always has one sender
+and one receiver, and blocking transfers in this order never wait in a cycle (tests/test_pipeline.py
+checks every schedule under rendezvous semantics without processes). With `overlap_p2p`
+(default) a send and a receive with the same neighbour that are adjacent on both neighbours
+(`exchanges`: mirrored) run as one `taco.comm.send_recv` on both sides, one batch whose send and
+receive progress together, so neither neighbour's receive queues behind its own send. A pair
+whose matching transfers the neighbour makes apart (with compute between, near the pipeline's
+ends) stays two blocking transfers in the even/odd order: as an exchange, its header batch (size
+check) would wait for a header the neighbour sends only after this rank's payload has arrived.
+tests/test_pipeline_nccl.py runs the engine under a shim with NCCL's point-to-point semantics.
 Within a direction, messages between two ranks match in order (same tag), and every TP rank of
 a stage runs the same actions.
 With TP inside a stage the activation [b, s, h] is replicated over the TP group (with SP each TP
@@ -48,6 +56,8 @@ _WHAT = {"send_fwd": "act", "recv_fwd": "act", "send_bwd": "grad", "recv_bwd": "
 _EXCHANGE = {
     "send_fwd": "recv_bwd", "recv_bwd": "send_fwd", "send_bwd": "recv_fwd", "recv_fwd": "send_bwd",
 }  # fmt: skip
+_STEP = {"send_fwd": 1, "recv_bwd": 1, "send_bwd": -1, "recv_fwd": -1}  # the neighbour: stage + step
+_MATCH = {"send_fwd": "recv_fwd", "recv_fwd": "send_fwd", "send_bwd": "recv_bwd", "recv_bwd": "send_bwd"}
 
 
 def stage_layers(n_layer: int, n_stages: int, stage: int) -> range:
@@ -193,6 +203,24 @@ def one_f_one_b_actions(stage: int, n_stages: int, n_micro: int) -> list[Action]
     return acts
 
 
+def exchanges(plans: list[list[Action]], stage: int) -> set[int]:
+    """Where `plans[stage]` (one plan per stage) runs two transfers as one exchange: indices i
+    such that actions i and i+1 are a send and a receive with the same neighbour whose matching
+    actions are adjacent in the neighbour's plan too (mirrored), so both sides post them as one
+    `taco.comm.send_recv` (module docstring)."""
+    plan, out, i = plans[stage], set(), 0
+    while i + 1 < len(plan):
+        (a, ka), (b, kb) = plan[i], plan[i + 1]
+        if _EXCHANGE.get(a) == b:
+            peer = plans[stage + _STEP[a]]
+            if abs(peer.index((_MATCH[a], ka)) - peer.index((_MATCH[b], kb))) == 1:
+                out.add(i)
+                i += 2
+                continue
+        i += 1
+    return out
+
+
 def schedule_actions(name: str, stage: int, n_stages: int, n_micro: int) -> list[Action]:
     if name == "1f1b":
         return one_f_one_b_actions(stage, n_stages, n_micro)
@@ -222,8 +250,9 @@ class PipelineEngine:
     travel in between stages (the trainer passes the training dtype: bf16 training sends bf16, as
     TP does). `device`: where received tensors and the loss are made (default: the stage's).
     `overlap_p2p`: a send and a receive with the same neighbour that follow each other in the
-    schedule (1F1B's steady-state pairs) are posted together (`taco.comm.send_recv`) and then
-    waited on, instead of one blocking transfer after the other; results are identical.
+    schedule on both neighbours (1F1B's steady-state pairs, `exchanges`) are posted together
+    (`taco.comm.send_recv`) and then waited on, instead of one blocking transfer after the other;
+    results are identical.
     """
 
     def __init__(
@@ -273,8 +302,9 @@ class PipelineEngine:
     def _exchange(
         self, t: torch.Tensor, send_kind: str, shape: tuple[int, ...], policy: comm.CommPolicy | None
     ) -> torch.Tensor:
-        """Send t and receive from the same neighbour, both posted before either is waited on
-        (`send_forward_recv_backward` for send_fwd, `send_backward_recv_forward` for send_bwd)."""
+        """Send t to and receive from the same neighbour as one exchange (`taco.comm.send_recv`,
+        which the neighbour makes mirrored): `send_forward_recv_backward` for send_fwd,
+        `send_backward_recv_forward` for send_bwd."""
         what = _WHAT[send_kind]
         back = "grad" if what == "act" else "act"
         peer = self.next if what == "act" else self.prev
@@ -290,6 +320,7 @@ class PipelineEngine:
     def _run(
         self,
         actions: list[Action],
+        fused: set[int],
         x: torch.Tensor,
         y: torch.Tensor,
         n_micro: int,
@@ -330,8 +361,8 @@ class PipelineEngine:
         i = 0
         while i < len(actions):
             kind, k = actions[i]
-            pair = actions[i + 1] if self.overlap_p2p and i + 1 < len(actions) else None
-            if pair is not None and _EXCHANGE.get(kind) == pair[0]:  # 1F1B: both posted, then waited
+            if i in fused:  # 1F1B, mirrored on the neighbour: one batch, then waited
+                pair = actions[i + 1]
                 (snd, ks), (rcv, kr) = (actions[i], pair) if kind.startswith("send") else (pair, actions[i])
                 received(rcv, kr, self._exchange(send_tensor(snd, ks), snd, shape, policy))
                 sent(snd, ks)
@@ -378,8 +409,10 @@ class PipelineEngine:
         Gradients accumulate into the stage's parameters (the mean loss over the batch);
         returns that mean loss on every stage.
         """
-        actions = schedule_actions(self.schedule, self.stage.stage, self.stage.n_stages, n_micro)
-        return self._run(actions, x, y, n_micro, loss_fn, self.policy, train=True)
+        n = self.stage.n_stages
+        plans = [schedule_actions(self.schedule, s, n, n_micro) for s in range(n)]
+        fused = exchanges(plans, self.stage.stage) if self.overlap_p2p else set()
+        return self._run(plans[self.stage.stage], fused, x, y, n_micro, loss_fn, self.policy, train=True)
 
     @torch.no_grad()
     def eval_step(
@@ -391,4 +424,4 @@ class PipelineEngine:
     ) -> torch.Tensor:
         """The mean loss of a batch, forward only, plain (uncompressed) send/recv."""
         acts = [a for a in gpipe_actions(self.stage.stage, self.stage.n_stages, n_micro) if "fwd" in a[0]]
-        return self._run(acts, x, y, n_micro, loss_fn, None, train=False)
+        return self._run(acts, set(), x, y, n_micro, loss_fn, None, train=False)

@@ -64,6 +64,23 @@ from taco.train.errors import CheckpointError
 from taco.train.fidelity import FidelityTelemetry
 from taco.train.metrics import MetricsLogger, capture_fn
 
+_Grads = list[tuple[torch.nn.Parameter, torch.Tensor]]
+"""(parameter, its local gradient) pairs"""
+# whether this torch's _foreach_norm takes an output dtype (bf16 gradients accumulated in fp32)
+_NORM_DTYPE = "dtype" in str(torch.ops.aten._foreach_norm.Scalar._schema)
+
+
+def sum_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[1] fp32 on `device`: the sum of the squares of every element of `grads`, from one
+    `_foreach_norm` in fp32 (a few kernels for all parameters, no float64 copies, no host sync)."""
+    if not grads:
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    if _NORM_DTYPE:
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    else:  # older torch: fp32 copies of the gradients that are not fp32 already
+        norms = torch._foreach_norm([g.float() for g in grads], 2)
+    return torch.stack(norms).square().sum().reshape(1)
+
 
 @dataclass
 class StepStats:
@@ -223,25 +240,19 @@ class Trainer:
         v = d.tolist()
         return {a: v[2 * i] for i, a in enumerate(AXES)}, {a: v[2 * i + 1] for i, a in enumerate(AXES)}
 
-    def grad_sums(self, terms: Callable[[torch.nn.Parameter, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Sums over the whole model of `terms(param, local grad)` (a float64 vector, the same length
-        for every parameter): TP-sharded slices summed over TP, replicas once, stages summed over PP
-        (the last stage's tied-embedding copy skipped); DP replicas hold the same gradients, FSDP
-        shards are summed over DP. Collective over the mesh; the result stays on the device."""
-        sharded: torch.Tensor | float = 0.0
-        replicated: torch.Tensor | float = 0.0
+    def _local_grads(self) -> tuple[_Grads, _Grads]:
+        """(TP-sharded, replicated) parameters with a gradient, each with its local gradient (FSDP:
+        this rank's shard); the last stage's tied-embedding copy is left out (counted on the first)."""
+        sharded: _Grads = []
+        replicated: _Grads = []
         for p in self.stage.parameters():
-            if p.grad is None or is_pp_copy(p):
-                continue
-            t = terms(p, fully_sharded.local_tensor(p.grad))
-            if is_tp_sharded(p):
-                sharded = sharded + t
-            else:
-                replicated = replicated + t
-        like = next((t for t in (sharded, replicated) if isinstance(t, torch.Tensor)), None)
-        n = 1 if like is None else like.numel()
-        z = torch.zeros(n, dtype=torch.float64, device=self.device)
-        sharded, replicated = z + sharded, z + replicated  # a stage without gradients: zeros
+            if p.grad is not None and not is_pp_copy(p):
+                (sharded if is_tp_sharded(p) else replicated).append((p, fully_sharded.local_tensor(p.grad)))
+        return sharded, replicated
+
+    def _over_mesh(self, sharded: torch.Tensor, replicated: torch.Tensor) -> torch.Tensor:
+        """Sums of TP-sharded slices (summed over TP) plus sums of replicas (once), then summed over
+        FSDP's DP shards and over the PP stages. Collective over the mesh; no host sync."""
         if self.tp_group is not None:
             dist.all_reduce(sharded, group=self.tp_group)
         total = sharded + replicated
@@ -251,17 +262,33 @@ class Trainer:
             dist.all_reduce(total, group=self.dims.group("pp"))
         return total
 
+    def grad_sums(self, terms: Callable[[torch.nn.Parameter, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Sums over the whole model of `terms(param, local grad)` (a float64 vector, the same length
+        for every parameter): TP-sharded slices summed over TP, replicas once, stages summed over PP
+        (the last stage's tied-embedding copy skipped); DP replicas hold the same gradients, FSDP
+        shards are summed over DP. Collective over the mesh; the result stays on the device."""
+        sums: list[torch.Tensor | float] = []
+        for part in self._local_grads():
+            acc: torch.Tensor | float = 0.0
+            for p, g in part:
+                acc = acc + terms(p, g)
+            sums.append(acc)
+        like = next((t for t in sums if isinstance(t, torch.Tensor)), None)
+        n = 1 if like is None else like.numel()
+        z = torch.zeros(n, dtype=torch.float64, device=self.device)
+        return self._over_mesh(z + sums[0], z + sums[1])  # a stage without gradients: zeros
+
     def _clip(self, max_norm: float) -> torch.Tensor:
-        """Global grad norm (`grad_sums` of the squares); clips to `max_norm` (0 = off) without
-        reading the norm on the host."""
-        params = [p for p in self.stage.parameters() if p.grad is not None]
-        total = self.grad_sums(lambda p, g: g.double().square().sum().reshape(1))[0]
-        norm = total.sqrt()
+        """Global grad norm (fp32: `sum_squares` of each part, `_over_mesh`); clips to `max_norm`
+        (0 = off) without reading the norm on the host."""
+        sharded, replicated = (sum_squares([g for _, g in part], self.device) for part in self._local_grads())
+        norm = self._over_mesh(sharded, replicated)[0].sqrt()
         if max_norm > 0:  # scale by max_norm / norm when above the bound, else by exactly 1
             scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for p in params:
-                by_dtype.setdefault(p.grad.dtype, []).append(fully_sharded.local_tensor(p.grad))
+            for p in self.stage.parameters():  # the tied copy too: every gradient the optimizer sees
+                if p.grad is not None:
+                    by_dtype.setdefault(p.grad.dtype, []).append(fully_sharded.local_tensor(p.grad))
             for dtype, grads in by_dtype.items():
                 torch._foreach_mul_(grads, scale.to(dtype))
         return norm

@@ -228,8 +228,9 @@ class ParallelConfig(_Section):
         "Without SP: compute the column-parallel weight gradients while the input-gradient "
         "all-reduce is in flight (Megatron's overlap); off: after it. Results are identical.")})
     overlap_p2p: bool = field(default=True, metadata={"doc": (
-        "Post each 1F1B send/receive pair with the same neighbour together (non-blocking, then "
-        "waited) instead of one blocking transfer after the other; results are identical.")})
+        "Post each 1F1B send/receive pair with the same neighbour that both neighbours make back "
+        "to back as one batch (batch_isend_irecv, then waited) instead of one blocking transfer "
+        "after the other; results are identical (docs/design.md 1.3).")})
     tp_comm_dtype: CommDtype = field(default=CommDtype.AUTO, metadata={"doc": (
         'Dtype of the tensor-parallel collectives\' inputs (before any codec): "auto" = train.dtype '
         "(bf16 training communicates bf16, as Megatron does; under bf16 autocast the backward gradients "
