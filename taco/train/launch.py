@@ -212,16 +212,19 @@ def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     if not torchrun or os.environ["RANK"] == "0":  # the other ranks wait for it in the rendezvous
         prepare_run_dir(out, overwrite=clear)
     if torchrun:
-        stopping.install([signal.SIGINT, signal.SIGTERM])  # this rank's own: a checkpoint, then stop
-        device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
-        if dist.get_rank() == 0:
-            resolve_data_dir(cfg.data, prepare=True)
-        dist.barrier()
+        old = stopping.install([signal.SIGINT, signal.SIGTERM])  # this rank's own: checkpoint, stop
         try:
-            res = run_rank(cfg, resolve_data_dir(cfg.data), device, hooks)
-            return _check_stopped(res, stopping.requested())
+            device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+            if dist.get_rank() == 0:
+                resolve_data_dir(cfg.data, prepare=True)
+            dist.barrier()
+            try:
+                res = run_rank(cfg, resolve_data_dir(cfg.data), device, hooks)
+                return _check_stopped(res, stopping.requested())
+            finally:
+                dist.destroy_process_group()
         finally:
-            dist.destroy_process_group()
+            stopping.restore(old)
     data_dir = resolve_data_dir(cfg.data, prepare=True)
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.pkl")

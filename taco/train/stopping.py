@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 REQUEST_SIGNAL = signal.SIGUSR1
 """What the launcher sends its spawned ranks to ask for a checkpoint and a stop."""
@@ -35,12 +36,18 @@ def _on_signal(signum: int, frame: object) -> None:
     _requested = _requested or signum
 
 
-def install(signals: Iterable[int]) -> None:
-    """Record `signals` as stop requests in this process (a no-op outside the main thread, where
-    Python cannot install handlers)."""
-    if threading.current_thread() is threading.main_thread():
-        for s in signals:
-            signal.signal(s, _on_signal)
+def install(signals: Iterable[int]) -> dict[int, Any]:
+    """Record `signals` as stop requests in this process; returns the handlers they replace, for
+    `restore` (nothing is installed outside the main thread, where Python cannot)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _on_signal) for s in signals}
+
+
+def restore(handlers: dict[int, Any]) -> None:
+    """Put back the handlers `install` replaced."""
+    for s, h in handlers.items():
+        signal.signal(s, h)
 
 
 def requested() -> int:
