@@ -3,12 +3,13 @@
 Offline and small: the checkpoints are a tiny GPT-2 and a tiny Qwen2 with random weights, built
 with transformers and saved with `save_pretrained`, each with a byte-level BPE tokenizer (trained
 here with `tokenizers` on the text, wrapped as a `PreTrainedTokenizerFast`) saved beside it, as
-a published checkpoint has. The text folder is this repository's docs/*.md. The vocabulary
-(1000 tokens) is no multiple of 256, so at TP=2 it is padded to 1024, masked out of the loss, and
-stripped again by `taco export`, like GPT-2's 50257.
+a published checkpoint has. The text folder holds this repository's LICENSE (plain English that
+stays the same from one version of the project to the next, so the losses in the docs stay true).
+The vocabulary (1000 tokens) is no multiple of 256, so at TP=2 it is padded to 1024, masked out of
+the loss, and stripped again by `taco export`, like GPT-2's 50257.
 
     python examples/finetune_hf.py make runs/ft-example   # checkpoints + tokenizer + text folder
-    taco train --model.init_from=runs/ft-example/gpt2 ...  # see README.md, "Fine-tuning"
+    taco train --model.init_from=runs/ft-example/gpt2 ...  # see docs/fine-tuning.md
     taco export --run runs/ft-gpt2 --out runs/ft-gpt2/hf
     python examples/finetune_hf.py check runs/ft-gpt2      # transformers vs taco logits
     python examples/finetune_hf.py all runs/ft-example     # all of it, both models (runs in run-*/)
@@ -32,11 +33,10 @@ KINDS = ("gpt2", "qwen2")
 
 
 def make_text(out: Path) -> Path:
-    """A folder of .txt files: this repository's docs/*.md (plain English, offline)."""
+    """A folder of .txt files: this repository's LICENSE (plain English, offline, stable)."""
     text = out / "text"
     text.mkdir(parents=True, exist_ok=True)
-    for src in sorted((ROOT / "docs").glob("*.md")):
-        shutil.copyfile(src, text / f"{src.stem}.txt")
+    shutil.copyfile(ROOT / "LICENSE", text / "LICENSE.txt")
     return text
 
 
@@ -82,7 +82,7 @@ def make_checkpoint(kind: str, path: Path, tokenizer) -> None:
 
 def make(out: Path) -> None:
     text = make_text(out)
-    print(f"wrote {text}: {len(list(text.glob('*.txt')))} text files")
+    print(f"wrote {text}: {', '.join(f.name for f in sorted(text.glob('*.txt')))}")
     tokenizer = make_tokenizer(text)
     for kind in KINDS:
         make_checkpoint(kind, out / kind, tokenizer)
@@ -115,7 +115,7 @@ def check(run: Path, hf_dir: Path | None = None) -> float:
 
 
 def train_args(ckpt: Path, text: Path, run: Path) -> list[str]:
-    """The `taco train` arguments of the README's fine-tuning section."""
+    """The `taco train` arguments of docs/fine-tuning.md."""
     return [
         "train", f"--model.init_from={ckpt}", "--data.dataset=text", f"--data.path={text}",
         "--parallel.tp=2", "--model.seq_len=64", "--train.batch_size=8", "--train.steps=40",

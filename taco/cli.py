@@ -6,6 +6,8 @@ Each subcommand's module adds its own arguments; heavy imports happen only when 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 
@@ -50,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     from taco.train.errors import RunStopped
 
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below and not at exit
+        return code
+    except BrokenPipeError:  # `taco config show | head`: the reader has gone, as for any Unix tool
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE
     except RunStopped as e:  # a rank's error, or SIGTERM/SIGINT: one line, the traceback in a log
         print(f"taco {args.command}: {e}", file=sys.stderr, flush=True)
         return e.exit_code

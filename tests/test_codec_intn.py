@@ -30,7 +30,7 @@ from tests.test_gather_all_reduce import reference as gather_reference
 
 WIDTHS = range(2, 9)
 SFMTS = ("fp32", "bf16", "e8m0")
-# measured SQNR (dB) on 4M Gaussian elements at G=128, fp32 scales (`taco bench codec`, README)
+# measured SQNR (dB) on 4M Gaussian elements at G=128, fp32 scales (`taco bench codec`, docs/results.md)
 GAUSSIAN_SQNR = {8: 43.8, 7: 37.7, 6: 31.6, 5: 25.2, 4: 18.6, 3: 11.3, 2: 2.3}
 
 

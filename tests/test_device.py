@@ -38,7 +38,7 @@ def _meta_step(rank: int, world: int, args: list[str]) -> None:
     torch.set_default_device("meta")
     try:
         loss, norm = trainer.compute_gradients()  # forward, backward, TP/PP/DP communication, clipping
-        wire, raw = trainer._per_rank_mean(before, trainer._bytes())
+        wire, raw, _, _ = trainer._step_totals(before, trainer._bytes())
         val = trainer.evaluate()
     finally:
         torch.set_default_device(None)

@@ -1,7 +1,7 @@
 """The outputs of `taco bench cluster`: terminal table, markdown table, the `--json` file, figures.
 
 Why this file exists: one analysed sweep (`cluster_analysis.ClusterReport`) is shown several ways
-(the terminal table of every run, the markdown table of the capped runs that README.md and
+(the terminal table of every run, the markdown table of the capped runs that docs/results.md and
 docs/cluster.md quote, the speedup and model-validation PNGs of `plots.py`) and saved as one JSON
 document that `--from-json` reads back (`write_json` / `load_sweep`); that formatting and file
 layout is kept apart from the orchestration (`cluster.py`) and from the arithmetic of the analysis.
@@ -65,7 +65,7 @@ def format_report(report: ClusterReport) -> str:
 
 
 def format_markdown(report: ClusterReport) -> str:
-    """The capped rows of every mode as one markdown table (the README's and docs/cluster.md's)."""
+    """The capped rows of every mode as one markdown table (docs/cluster_sweep.md, docs/cluster.md's)."""
     rows = report.rows
     several = len({r.codec for r in rows if r.codec != "none"}) > 1  # then each row names its codec
     head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "95% CI", "ideal",

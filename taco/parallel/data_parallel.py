@@ -183,9 +183,12 @@ def wrap_data_parallel(
     # a rebuild at a different step would keep a resumed run from reproducing the uninterrupted
     # one (tests/test_3d.py). Cost: one autograd-graph walk per step and a pass-through node on
     # the outputs. Every parameter must be used by every micro-batch (true of whole stages).
+    # the search then finds `_WithPlaceholder`'s empty parameter, instead of warning on every rank
+    # that it found no unused parameter (a C++ warning, printed whatever Python's filters say).
     ddp = DistributedDataParallel(
-        module, process_group=group, bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True
-    )
+        _WithPlaceholder(module), process_group=group, bucket_cap_mb=bucket_cap_mb,
+        find_unused_parameters=True,
+    )  # fmt: skip
     c = comm.make_codec(codec, codec_options)
     if c is not None:
         copy = copy_group(group) if overlap else None
@@ -193,6 +196,22 @@ def wrap_data_parallel(
         set_dp_hook_state(ddp, state)
         ddp.register_comm_hook(state, compressed_allreduce_hook)
     return ddp
+
+
+class _WithPlaceholder(nn.Module):
+    """`module` plus one empty parameter that no forward uses (`wrap_data_parallel`): it is neither
+    in the optimizer nor in a checkpoint, adds no byte to any bucket, and keeps DDP's unused-parameter
+    search (kept for its fixed bucket layout) from warning each rank that it found none."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        like = next(module.parameters(), None)
+        kw = {} if like is None else {"device": like.device, "dtype": like.dtype}
+        self.placeholder = nn.Parameter(torch.empty(0, **kw))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
 
 
 def close_data_parallel(module: nn.Module) -> None:

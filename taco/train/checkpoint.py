@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -115,26 +115,29 @@ def find_checkpoint(resume: bool | str, out_dir: str | Path) -> Path | None:
     return p
 
 
-def verify_checkpoint(step_dir: Path, mesh: dict[str, int], ranks: Iterable[int] | None = None) -> None:
+def verify_checkpoint(
+    step_dir: Path, mesh: dict[str, int], ranks: Iterable[int] | None = None, fix: str = _FIX
+) -> None:
     """Check meta.json, the mesh and the files of `ranks` (default: all) against their recorded size
-    and sha256; raise CheckpointError naming the first bad file. Checkpoints written before
-    checksums were recorded (no "files" in meta.json) are checked for missing and empty files only."""
+    and sha256; raise CheckpointError naming the first bad file, then `fix` (what to do instead).
+    Checkpoints written before checksums were recorded (no "files" in meta.json) are checked for
+    missing and empty files only."""
     meta_f = step_dir / "meta.json"
     if not meta_f.is_file():
-        raise CheckpointError(f"{meta_f} missing: {step_dir} is not a complete checkpoint; {_FIX}")
+        raise CheckpointError(f"{meta_f} missing: {step_dir} is not a complete checkpoint; {fix}")
     try:
         meta = json.loads(meta_f.read_text())
     except ValueError as e:
-        raise CheckpointError(f"{meta_f} is not valid JSON ({e}); {_FIX}") from e
+        raise CheckpointError(f"{meta_f} is not valid JSON ({e}); {fix}") from e
     check_mesh(step_dir, mesh)
     world = mesh["dp"] * mesh["pp"] * mesh["tp"]
     ranks = list(range(world) if ranks is None else ranks)
     for r in ranks:
         f = step_dir / f"rank{r}.pt"
         if not f.is_file():
-            raise CheckpointError(f"{f} missing: the checkpoint has no file for rank {r}; {_FIX}")
+            raise CheckpointError(f"{f} missing: the checkpoint has no file for rank {r}; {fix}")
         if f.stat().st_size == 0:
-            raise CheckpointError(f"{f} is empty (0 bytes): the checkpoint is damaged; {_FIX}")
+            raise CheckpointError(f"{f} is empty (0 bytes): the checkpoint is damaged; {fix}")
     files = meta.get("files")
     if files is None:
         return
@@ -143,7 +146,7 @@ def verify_checkpoint(step_dir: Path, mesh: dict[str, int], ranks: Iterable[int]
     for r, digest in zip(ranks, digests):
         f, e = step_dir / f"rank{r}.pt", files.get(f"rank{r}.pt")
         if e is None or e.get("rank") != r or e.get("coords") != coords_of(mesh, r):
-            raise CheckpointError(f"{meta_f} has no entry for rank {r} at {coords_of(mesh, r)}; {_FIX}")
+            raise CheckpointError(f"{meta_f} has no entry for rank {r} at {coords_of(mesh, r)}; {fix}")
         if digest == e["sha256"]:
             continue
         other = [n for n, x in files.items() if x.get("sha256") == digest]
@@ -153,7 +156,7 @@ def verify_checkpoint(step_dir: Path, mesh: dict[str, int], ranks: Iterable[int]
             why = f"it has {f.stat().st_size} bytes, {e['bytes']} were written (truncated or replaced?)"
         else:
             why = "its sha256 differs from the one recorded when it was written (corrupted)"
-        raise CheckpointError(f"{f} does not match {meta_f}: {why}; {_FIX}")
+        raise CheckpointError(f"{f} does not match {meta_f}: {why}; {fix}")
 
 
 def load_checkpoint(step_dir: Path, rank: int, mesh: dict[str, int]) -> dict[str, Any]:
@@ -175,3 +178,22 @@ def load_checkpoint(step_dir: Path, rank: int, mesh: dict[str, int]) -> dict[str
     if st.get("mesh", mesh) != mesh:
         raise CheckpointError(f"{f} was written with mesh {st['mesh']}, not {mesh}; {_FIX}")
     return st
+
+
+def check_shapes(f: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Raise one CheckpointError naming the first tensor of `current` (a model's state_dict) that
+    the checkpoint file `f` holds with another shape (both shapes given) or lacks, or the first one
+    it holds that `current` lacks: a model of other sizes than the run that wrote it."""
+    same = "resume with the [model] sizes of the run that wrote it (its config.toml), or start fresh"
+    for key, t in current.items():
+        if key not in saved:
+            raise CheckpointError(f"{f} has no {key}: it was written by another model; {same}")
+        have, want = tuple(getattr(saved[key], "shape", ())), tuple(getattr(t, "shape", ()))
+        if have != want:
+            raise CheckpointError(
+                f"{f}: {key} has shape {list(have)} in the checkpoint but {list(want)} in this model "
+                f"(this rank's shard): the model sizes differ; {same}"
+            )
+    extra = next((k for k in saved if k not in current), None)
+    if extra is not None:
+        raise CheckpointError(f"{f} holds {extra}, which this model has not: another model; {same}")

@@ -289,13 +289,19 @@ def add_config_subparser(sub: argparse._SubParsersAction) -> None:
         "as the commented TOML a run writes to its folder.",
     )
     show.add_argument("--config", default=None, help="TOML config to resolve (e.g. configs/demo.toml)")
+    show.add_argument(
+        "--markdown", action="store_true", help="every key as the Markdown page docs/configuration.md"
+    )
     show.set_defaults(func=run_config, takes_overrides=True)
 
 
 def run_config(args: argparse.Namespace) -> int:
     """Handle parsed `taco config show ...` arguments; return the process exit code."""
-    from taco.train.config import config_help, config_to_toml, load_config
+    from taco.train.config import config_help, config_reference, config_to_toml, load_config
 
+    if args.markdown:
+        print(config_reference(), end="")
+        return 0
     if args.config is None and not args.overrides:
         print(config_help())
         return 0

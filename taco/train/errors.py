@@ -30,9 +30,11 @@ class RankError(RunStopped):
 
 
 class RunInterrupted(RunStopped):
-    """The launcher got SIGTERM or SIGINT and stopped its ranks; exit code 128 + the signal."""
+    """The run got SIGTERM or SIGINT: its ranks stopped after a checkpoint (`saved` says where and
+    how to go on) or, at a second signal, at once; exit code 128 + the signal."""
 
-    def __init__(self, signum: int, ranks: int) -> None:
+    def __init__(self, signum: int, ranks: int = 0, saved: str = "") -> None:
         self.signum = signum
         self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}: {ranks} rank(s) stopped")
+        how = saved or f"{ranks} rank(s) stopped at once, no checkpoint written"
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {how}")

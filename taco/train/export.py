@@ -53,6 +53,31 @@ def _step_dir(run_dir: Path, step: int | None) -> Path:
     return d
 
 
+def _verified_mesh(run_dir: Path, step_dir: Path) -> dict[str, int]:
+    """The mesh of the checkpoint in `step_dir`, its files checked against meta.json's sizes and
+    sha256 first; a damaged checkpoint is one CheckpointError that names the file and the other
+    steps this run has (`taco export --step N`)."""
+    from taco.train.checkpoint import verify_checkpoint
+    from taco.train.errors import CheckpointError
+
+    others = sorted(
+        int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*")
+        if p != step_dir and (p / "meta.json").is_file()
+    )  # fmt: skip
+    fix = (
+        f"export another step with `taco export --run {run_dir} --step N` (this run also has step "
+        f"{', '.join(map(str, others))})" if others else "this run has no other checkpoint to export"
+    )
+    try:
+        mesh = json.loads((step_dir / "meta.json").read_text())["mesh"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{step_dir / 'meta.json'} missing: not a complete checkpoint; {fix}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{step_dir / 'meta.json'} is damaged ({e}); {fix}") from None
+    verify_checkpoint(step_dir, mesh, fix=fix)
+    return mesh
+
+
 def _merge(key: str, style: str, parts: list[torch.Tensor]) -> torch.Tensor:
     """The full tensor of parameter `key` from its TP shards (in TP-rank order)."""
     if style == "rowwise" and key.endswith(".weight"):
@@ -88,8 +113,7 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Mod
         raise FileNotFoundError(f"{run_dir / 'config.toml'} not found: give the run folder of `taco train`")
     cfg = load_config(run_dir / "config.toml")
     step_dir = _step_dir(run_dir, step)
-    meta = json.loads((step_dir / "meta.json").read_text())
-    mesh = meta["mesh"]
+    mesh = _verified_mesh(run_dir, step_dir)
     dims = ParallelDims(dp=mesh["dp"], pp=mesh["pp"], tp=mesh["tp"])
     shards = {  # (pp rank, tp rank) -> that rank's model state (DP rank 0, or every DP shard joined)
         (p, t): _dp_joined(step_dir, dims, mesh, p, t) for p in range(dims.pp) for t in range(dims.tp)

@@ -10,8 +10,10 @@ Before any rank starts, the launcher checks the run folder (`taco.train.rundir`:
 folder is refused unless resumed or overwritten) and the checkpoint to resume (sizes and sha256 of
 the rank files, `taco.train.checkpoint.verify_checkpoint`; under torchrun each rank checks its own
 file before joining). Locally spawned ranks are run by `taco.train.procs`: an error inside a rank
-is raised as one `RankError` (traceback in `{out_dir}/error_rank{R}.log`), SIGTERM/SIGINT stop
-every rank. Collectives time out after `parallel.timeout_s`.
+is raised as one `RankError` (traceback in `{out_dir}/error_rank{R}.log`); SIGTERM/SIGINT make every
+rank write a checkpoint of the step in progress and stop (`taco.train.stopping`; a second signal stops
+them at once), and `launch` raises `RunInterrupted` naming that checkpoint. Collectives time out after
+`parallel.timeout_s`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
@@ -30,10 +33,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from taco.train import stopping
 from taco.train.calibration import check_calibration
 from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
+from taco.train.errors import RunInterrupted
 from taco.train.procs import run_ranks
 from taco.train.rundir import check_run_dir, prepare_run_dir
 
@@ -113,10 +118,34 @@ def _spawned(
     dist.destroy_process_group()
 
 
+def check_codec_settings(cfg: Config) -> None:
+    """Build every codec of `[compression]` with its options once, so that a bad option (e.g.
+    `tp_codec_options.group_size = 100`, or an option the codec does not take) is one ValueError
+    naming the field before any rank starts, not an error inside every rank."""
+    from taco.comm import make_codec
+    from taco.train.build import build_axis_policy, build_policy
+
+    c = cfg.compression
+    checks = {
+        "compression.tp_codec / tp_codec_options": lambda: build_policy(cfg),
+        "compression.pp_codec / pp_codec_options": lambda: build_axis_policy(cfg, "pp"),
+        "compression.dp_codec / dp_codec_options": lambda: build_axis_policy(cfg, "dp"),
+        "compression.guard_fallback": lambda: make_codec(c.guard_fallback),
+    }
+    for name in ("dp_weight_codec", "dp_grad_codec", "dp_grad_intra_codec"):
+        checks[f"compression.{name}"] = lambda name=name: make_codec(getattr(c, name) or None)
+    for where, build in checks.items():
+        try:
+            build()
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
 def check_start_up(cfg: Config) -> None:
-    """What the config alone cannot see, raised before any rank starts (ValueError): a device for
-    every local rank, and the calibration's candidates or file. (A checkpoint's depth is in `cfg`
-    already, checked against parallel.pp.)"""
+    """What the config alone cannot see, raised before any rank starts (ValueError): every codec
+    with its options, a device for every local rank, and the calibration's candidates or file. (A
+    checkpoint's depth is in `cfg` already, checked against parallel.pp.)"""
+    check_codec_settings(cfg)
     check_calibration(cfg)
     if "LOCAL_RANK" not in os.environ:  # spawned here: ranks 0..world-1 each need their device
         resolve_device(cfg, cfg.parallel.world_size - 1)
@@ -140,6 +169,18 @@ def _check_resume(cfg: Config, rank: int | None) -> Path | None:
     check_mesh(resume_dir, mesh)
     verify_checkpoint(resume_dir, mesh, None if rank is None else [rank])
     return resume_dir
+
+
+def _check_stopped(summary: dict[str, Any], signum: int) -> dict[str, Any]:
+    """`summary`, unless the run stopped early on a signal: then RunInterrupted saying which step's
+    checkpoint was written and how to continue."""
+    if "stopped_at" not in summary:
+        return summary
+    saved = (
+        f"checkpoint of step {summary['stopped_at']} written to {summary['checkpoint']}; continue "
+        "with --train.resume=true"
+    )
+    raise RunInterrupted(signum or signal.SIGTERM, saved=saved)
 
 
 def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
@@ -171,21 +212,27 @@ def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     if not torchrun or os.environ["RANK"] == "0":  # the other ranks wait for it in the rendezvous
         prepare_run_dir(out, overwrite=clear)
     if torchrun:
-        device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
-        if dist.get_rank() == 0:
-            resolve_data_dir(cfg.data, prepare=True)
-        dist.barrier()
+        old = stopping.install([signal.SIGINT, signal.SIGTERM])  # this rank's own: checkpoint, stop
         try:
-            return run_rank(cfg, resolve_data_dir(cfg.data), device, hooks)
+            device = init_rank(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+            if dist.get_rank() == 0:
+                resolve_data_dir(cfg.data, prepare=True)
+            dist.barrier()
+            try:
+                res = run_rank(cfg, resolve_data_dir(cfg.data), device, hooks)
+                return _check_stopped(res, stopping.requested())
+            finally:
+                dist.destroy_process_group()
         finally:
-            dist.destroy_process_group()
+            stopping.restore(old)
     data_dir = resolve_data_dir(cfg.data, prepare=True)
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.pkl")
         t0 = time.time()
-        run_ranks(_spawned, (world, free_port(), cfg, data_dir, result, tuple(hooks)), world, t.out_dir)
+        args = (world, free_port(), cfg, data_dir, result, tuple(hooks))
+        signum = run_ranks(_spawned, args, world, t.out_dir)
         with open(result, "rb") as f:
-            res = pickle.load(f)
+            res = _check_stopped(pickle.load(f), signum)
     res["wall_s"] = time.time() - t0
     print(
         f"[taco] done in {res['wall_s']:.0f}s: final val loss {res['final_val_loss']:.4f}, "

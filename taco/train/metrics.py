@@ -55,8 +55,9 @@ class MetricsLogger:
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(k, v, rec["step"])
 
-    def progress(self, rec: dict[str, Any], tokens_per_s: float, eta_s: float) -> None:
-        """One progress line: bar, loss, validation loss if any, lr, tok/s, wire/raw MiB per axis, eta."""
+    def progress(self, rec: dict[str, Any], tokens_per_s: float, eta_s: float, mfu: float = 0.0) -> None:
+        """One progress line: bar, loss, validation loss if any, lr, tok/s, MFU (the mean since the
+        start, as tok/s), peak memory, wire/raw MiB per axis, eta."""
         if not self.enabled:
             return
         step = rec["step"]
@@ -69,7 +70,8 @@ class MetricsLogger:
         )
         print(
             f"[{bar:<20}] step {step:>5}/{self.steps} loss {rec['loss']:.4f}{val} lr {rec['lr']:.2e} "
-            f"{tokens_per_s:,.0f} tok/s wire/raw MiB/step {wire or '-'} eta {eta_s:.0f}s",
+            f"{tokens_per_s:,.0f} tok/s mfu {100 * mfu:.2f}% mem {rec['peak_mem_gib']:.2f} GiB "
+            f"wire/raw MiB/step {wire or '-'} eta {eta_s:.0f}s",
             flush=True,
         )
 

@@ -6,12 +6,14 @@ running when the launcher gets SIGTERM, and prints a traceback per process on Ct
 
 - each rank runs `fn(rank, *args)` inside `_child`, which writes the traceback of any exception to
   `{log_dir}/error_rank{R}.log` and a one-line record for the launcher, then exits 1; ranks ignore
-  SIGINT (Ctrl-C reaches the launcher, which stops them), are named `taco-rank{R}` (ps, top) and, on
+  SIGINT (Ctrl-C reaches the launcher, which tells them), are named `taco-rank{R}` (ps, top) and, on
   Linux, die with the launcher even if it is SIGKILLed;
 - `run_ranks` waits for all of them. On the first failure it gives the others a moment to report,
   stops them (SIGTERM, then SIGKILL) and raises `RankError` for the root cause (`pick_error`);
-- SIGTERM or SIGINT to the launcher stops the ranks the same way and raises `RunInterrupted`.
-Stopping a rank mid-checkpoint is safe: checkpoint files are renamed into place when complete.
+- the first SIGTERM or SIGINT to the launcher is forwarded to the ranks as a stop request
+  (`taco.train.stopping`): they finish the step, write a checkpoint and exit, and `run_ranks`
+  returns the signal; a second one stops the ranks at once (SIGTERM, then SIGKILL) and raises
+  `RunInterrupted`. Stopping a rank mid-checkpoint is safe: files are renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from taco.train import stopping
 from taco.train.errors import RankError, RunInterrupted
 
 REPORT_GRACE_S = 3.0  # after a rank fails: how long the others get to report their own error
@@ -63,6 +66,8 @@ def _child(rank: int, fn: Callable, args: tuple, report_dir: str, log_dir: str, 
     if os.getppid() != parent:  # the launcher died before the line above
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the launcher stops the ranks
+    stopping.install([stopping.REQUEST_SIGNAL])  # the launcher's request: checkpoint, then stop
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [stopping.REQUEST_SIGNAL])  # blocked since the spawn
     try:
         fn(rank, *args)
         logging.shutdown()
@@ -128,10 +133,11 @@ def _stop(procs: list[Any]) -> int:
     return len(live)
 
 
-def run_ranks(fn: Callable[..., Any], args: tuple, world: int, log_dir: str | Path) -> None:
-    """Run `fn(rank, *args)` in `world` spawned processes; return when all succeeded.
+def run_ranks(fn: Callable[..., Any], args: tuple, world: int, log_dir: str | Path) -> int:
+    """Run `fn(rank, *args)` in `world` spawned processes; return when all succeeded: 0, or the
+    signal (SIGTERM/SIGINT) after which they stopped early, at a step boundary (module docstring).
 
-    Raises RankError (a rank failed: the others are stopped) or RunInterrupted (SIGTERM/SIGINT)."""
+    Raises RankError (a rank failed: the others are stopped) or RunInterrupted (a second signal)."""
     main = threading.current_thread() is threading.main_thread()
     signals = (signal.SIGTERM, signal.SIGINT)
     got: list[int] = []
@@ -143,14 +149,23 @@ def run_ranks(fn: Callable[..., Any], args: tuple, world: int, log_dir: str | Pa
             if main:  # ranks start with SIGINT ignored: no KeyboardInterrupt while Python starts up
                 old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in signals}
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            for r in range(world):
-                p = ctx.Process(target=_child, args=(r, fn, args, reports, str(log_dir), os.getpid()))
-                p.start()
-                procs.append(p)
+            # a stop request sent while a rank is still starting waits (blocked, inherited through the
+            # spawn) until `_child` has its handler, instead of killing the rank (SIGUSR1's default)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, [stopping.REQUEST_SIGNAL])
+            try:
+                for r in range(world):
+                    p = ctx.Process(target=_child, args=(r, fn, args, reports, str(log_dir), os.getpid()))
+                    p.start()
+                    procs.append(p)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if main:
                 signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
-            failed_at = None
-            while not got:
+            failed_at, asked = None, 0
+            while len(got) < 2:
+                if got and not asked:  # the first signal: ask every rank to save and stop
+                    asked = got[0]
+                    _request_stop(procs, asked)
                 live = [p for p in procs if p.exitcode is None]
                 failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if not live:
@@ -163,15 +178,32 @@ def run_ranks(fn: Callable[..., Any], args: tuple, world: int, log_dir: str | Pa
                 wait([p.sentinel for p in live], timeout=0.2)
             died = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
             stopped = _stop(procs)
-            if got:
+            if len(got) > 1:
                 raise RunInterrupted(got[0], stopped)
             recs = _records(reports)
             if died or recs:
                 raise pick_error(recs, {r: c for r, c in died.items() if r not in {x["rank"] for x in recs}})
+            return asked
         finally:
             _stop(procs)
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+def _request_stop(procs: list[Any], signum: int) -> None:
+    """Forward a stop request to every live rank, and say so (a second signal stops at once)."""
+    for p in procs:
+        if p.exitcode is None and p.pid is not None:
+            try:
+                os.kill(p.pid, stopping.REQUEST_SIGNAL)
+            except ProcessLookupError:
+                pass
+    name = signal.Signals(signum).name
+    print(
+        f"[taco] {name}: finishing the step and writing a checkpoint (send it again to stop at once)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _records(report_dir: str) -> list[dict[str, Any]]:

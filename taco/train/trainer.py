@@ -43,6 +43,7 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
+from taco.train import stopping
 from taco.train.autopolicy import AutoPolicy
 from taco.train.build import (
     AXES,
@@ -57,12 +58,13 @@ from taco.train.build import (
     train_dtype,
 )
 from taco.train.calibration import attach_calibration
-from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from taco.train.checkpoint import check_shapes, find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.data import TokenDataset
 from taco.train.errors import CheckpointError
 from taco.train.fidelity import FidelityTelemetry
 from taco.train.metrics import MetricsLogger, capture_fn
+from taco.train.perf import device_peak_flops, flops_per_token, peak_memory_bytes
 
 _Grads = list[tuple[torch.nn.Parameter, torch.Tensor]]
 """(parameter, its local gradient) pairs"""
@@ -91,6 +93,10 @@ class StepStats:
     raw_bytes: dict[str, float]
     """per axis: the same traffic uncompressed (the input dtype)"""
     seconds: float
+    peak_mem: float = 0.0
+    """bytes: the largest peak memory of any rank so far (`taco.train.perf.peak_memory_bytes`)"""
+    stop: bool = False
+    """a rank was asked to stop (SIGINT/SIGTERM, `taco.train.stopping`): every rank stops here"""
 
 
 class Trainer:
@@ -127,9 +133,10 @@ class Trainer:
             "pp": build_axis_policy(cfg, "pp"),
             "dp": build_axis_policy(cfg, "dp"),
         }
+        full, m = build_model(cfg, vocab), cfg.model
+        self.flops_per_token = flops_per_token(full, m.n_layer, m.n_head * m.head_size, m.seq_len)  # MFU
         self.model = apply_tensor_parallel(
-            build_model(cfg, vocab), None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg),
-            overlap_wgrad=p.overlap_tp_wgrad,
+            full, None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg), overlap_wgrad=p.overlap_tp_wgrad,
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
@@ -225,20 +232,27 @@ class Trainer:
         loss, norm = self.compute_gradients()
         self.opt.step()
         self.step += 1
-        wire, raw = self._per_rank_mean(before, self._bytes())  # waits for the step (reads counters)
-        return StepStats(loss.item(), norm.item(), wire, raw, time.perf_counter() - t0)
+        wire, raw, mem, stop = self._step_totals(before, self._bytes())  # waits for the step
+        return StepStats(loss.item(), norm.item(), wire, raw, time.perf_counter() - t0, mem, stop)
 
     def _bytes(self) -> list[int]:
         return [b for a in AXES for b in sent_bytes(self.policies[a])]
 
-    def _per_rank_mean(self, before: list[int], after: list[int]) -> tuple[dict, dict]:
-        """Bytes per axis this step, averaged over every rank of the job (ranks differ with PP)."""
+    def _step_totals(self, before: list[int], after: list[int]) -> tuple[dict, dict, float, bool]:
+        """(wire, raw) bytes per axis this step, averaged over every rank of the job (ranks differ
+        with PP); the largest peak memory of any rank; whether any rank was asked to stop (so that
+        all stop after the same step). One host read, for the log."""
         d = torch.tensor([a - b for a, b in zip(after, before)], dtype=torch.float64, device=self.device)
+        m = torch.tensor(
+            [peak_memory_bytes(self.device), stopping.requested()], dtype=torch.float64, device=self.device
+        )
         if dist.get_world_size() > 1:
             dist.all_reduce(d)
             d /= dist.get_world_size()
-        v = d.tolist()
-        return {a: v[2 * i] for i, a in enumerate(AXES)}, {a: v[2 * i + 1] for i, a in enumerate(AXES)}
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        v = torch.cat([d, m]).tolist()
+        wire = {a: v[2 * i] for i, a in enumerate(AXES)}
+        return wire, {a: v[2 * i + 1] for i, a in enumerate(AXES)}, v[-2], v[-1] > 0
 
     def _local_grads(self) -> tuple[_Grads, _Grads]:
         """(TP-sharded, replicated) parameters with a gradient, each with its local gradient (FSDP:
@@ -339,6 +353,7 @@ class Trainer:
         if self.sharded:
             fully_sharded.load_checkpoint_state(self.stage, self.model, self.opt, st)
         else:
+            check_shapes(d / f"rank{dist.get_rank()}.pt", st["model"], self.model.state_dict())
             self.model.load_state_dict(st["model"])
             load_optimizer_state(self.opt, st["opt"])
         self.step = st["step"]
@@ -355,8 +370,11 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to `train.steps` (resuming first if `train.resume` says so); returns the summary.
 
-        Per step: one optimiser step, a metrics record, evaluation every `eval_interval` steps and
-        at the end, checkpoints every `checkpoint_interval` steps and at the end. Rank 0 writes
+        Per step: one optimiser step, a metrics record (loss, lr, bytes per axis, MFU, peak memory),
+        evaluation every `eval_interval` steps and at the end, checkpoints every
+        `checkpoint_interval` steps and at the end. A stop request (SIGINT/SIGTERM,
+        `taco.train.stopping`) ends the loop after the step in which any rank saw it, with a
+        checkpoint of that step; the summary then names it (`stopped_at`, `checkpoint`). Rank 0 writes
         `config.toml`, `metrics.jsonl`, TensorBoard, `comm_stats.txt` and `summary.json` to
         `train.out_dir`. The summary's bytes are per step and per rank, averaged over the job.
         """
@@ -376,7 +394,12 @@ class Trainer:
                 flush=True,
             )
         tokens_per_step = t.batch_size * cfg.model.seq_len
-        t_train, steps_done, start_step, val = 0.0, 0, self.step, float("nan")
+        peak = 0.0  # FLOP/s of one device, for MFU (taco.train.perf); rank 0 logs, so measures
+        if self.log:
+            peak, source = device_peak_flops(self.device, train_dtype(cfg), t.peak_tflops)
+            print(f"[taco] MFU against {source}", flush=True)
+        ideal_s = self.flops_per_token * tokens_per_step / (dist.get_world_size() * peak or 1.0)  # at peak
+        t_train, steps_done, start_step, val, saved = 0.0, 0, self.step, float("nan"), None
         wire_sum, raw_sum = dict.fromkeys(AXES, 0.0), dict.fromkeys(AXES, 0.0)
         while self.step < t.steps:
             st = self.train_step()
@@ -389,6 +412,8 @@ class Trainer:
                 "lr": self.opt.param_groups[0]["lr"],
                 "grad_norm": st.grad_norm,
                 "step_s": st.seconds,
+                "mfu": ideal_s / st.seconds if peak else 0.0,
+                "peak_mem_gib": st.peak_mem / 2**30,
             }
             for a in AXES:
                 wire_sum[a] += st.wire_bytes[a]
@@ -399,17 +424,24 @@ class Trainer:
                 hook(self, rec)
             if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
                 rec["val_loss"] = val = self.evaluate()
-            if step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0):
-                self.save()
+            stop = st.stop and step < t.steps  # SIGINT/SIGTERM: every rank saves this step and stops
+            if step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0) or stop:
+                saved = self.save()
             logger.write(rec)
-            if step % t.log_interval == 0 or step == t.steps or "val_loss" in rec:
+            if step % t.log_interval == 0 or step == t.steps or "val_loss" in rec or stop:
                 eta = (t.steps - step) * t_train / steps_done
-                logger.progress(rec, tokens_per_step * steps_done / max(t_train, 1e-9), eta)
+                mfu = ideal_s * steps_done / max(t_train, 1e-9) if peak else 0.0
+                logger.progress(rec, tokens_per_step * steps_done / max(t_train, 1e-9), eta, mfu)
+            if stop:
+                if self.log:
+                    print(f"[taco] stop requested: checkpoint of step {step} written to {saved}", flush=True)
+                break
         logger.close()
         n = max(steps_done, 1)
         summary = {
             "final_val_loss": val,
             "steps": self.step,
+            **({"stopped_at": self.step, "checkpoint": str(saved)} if self.step < t.steps else {}),
             "resumed_from": start_step,
             "tokens_per_s": tokens_per_step * steps_done / max(t_train, 1e-9),
             **{f"{a}_wire_bytes_per_step": wire_sum[a] / n for a in AXES},

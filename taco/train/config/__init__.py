@@ -37,7 +37,7 @@ from taco.train.config.schema import (
     default_cache_dir,
     field_docs,
 )
-from taco.train.config.writing import config_help, config_to_toml
+from taco.train.config.writing import config_help, config_reference, config_to_toml
 
 __all__ = [
     "Backend",
@@ -56,6 +56,7 @@ __all__ = [
     "TrainConfig",
     "check_codecs",
     "config_help",
+    "config_reference",
     "config_to_toml",
     "default_cache_dir",
     "field_docs",

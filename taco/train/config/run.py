@@ -32,7 +32,10 @@ _SECTIONS: dict[str, type[_Section]] = {
     "train": TrainConfig,
     "data": DataConfig,
 }
-_ALIASES: dict[str, dict[str, str]] = {"model": {"block_size": "seq_len"}}
+_ALIASES: dict[str, dict[str, str]] = {
+    "model": {"block_size": "seq_len"},
+    "train": {"checkpoint_every": "checkpoint_interval"},
+}
 
 
 @dataclass

@@ -308,8 +308,10 @@ class TrainConfig(_Section):
         "doc": 'Compute dtype of weights and activations: "fp32" or "bf16" (optimiser state stays fp32).'})
     out_dir: str = field(default="", metadata={
         "doc": 'Run directory (logs, resolved config, checkpoints); "" = runs/<name>.'})
-    checkpoint_interval: int = field(default=0, metadata={
-        "doc": "Save a checkpoint every this many steps and at the last step; 0 = only at the last step."})
+    checkpoint_interval: int = field(default=500, metadata={"doc": (
+        "Save a checkpoint every this many steps and at the last step; 0 = only at the last step "
+        "(`checkpoint_every` is accepted as its alias). SIGINT or SIGTERM (Ctrl-C) also saves one, of "
+        "the step in progress, before the run stops: resume it with train.resume = true.")})
     resume: bool | str = field(default=False, metadata={"doc": (
         "true = resume from the latest checkpoint in out_dir (starting from step 0, with a note, if "
         "there is none), a path = resume from that checkpoint (an error if it holds none), false = start "
@@ -318,6 +320,10 @@ class TrainConfig(_Section):
         "Start fresh in an out_dir that holds a previous run (metrics.jsonl, tb/ or checkpoints): its "
         "metrics, TensorBoard events, checkpoints and summary are deleted first. Without it (and "
         "without train.resume) such an out_dir is refused.")})
+    peak_tflops: float = field(default=0.0, metadata={"doc": (
+        "Peak dense TFLOP/s of one device in train.dtype, the denominator of the MFU in the log; 0 = "
+        "the data sheet of a known GPU (H100, H200, A100, L40S, L4, ...), else measured at start-up "
+        "with a matrix multiply on the device (CPUs). The figure used is printed when the run starts.")})
     capture_dir: str = field(default="", metadata={"doc": (
         "Directory where real TP tensors (activations, activation gradients) are captured per site for "
         'codec calibration and SQNR measurement; "" = no capture.')})
@@ -348,6 +354,8 @@ class TrainConfig(_Section):
                 self._fail(name, "must be in [0, 1)")
         if self.grad_clip < 0:
             self._fail("grad_clip", "must be >= 0 (0 = no clipping)")
+        if self.peak_tflops < 0:
+            self._fail("peak_tflops", "must be >= 0 (0 = known GPU's data sheet, else measured)")
         if isinstance(self.resume, str) and not self.resume.strip():
             self.resume = False
 

@@ -18,7 +18,7 @@ from typing import Any
 from taco.train.config.choices import _Choice
 from taco.train.config.coerce import type_name
 from taco.train.config.run import _SECTIONS, Config
-from taco.train.config.schema import field_docs
+from taco.train.config.schema import default_cache_dir, field_docs
 
 
 def _toml_str(text: str) -> str:
@@ -96,3 +96,36 @@ def config_help() -> str:
                 indent = " " * 6
                 lines += textwrap.wrap(docs[f.name], 100, initial_indent=indent, subsequent_indent=indent)
     return "\n".join(lines)
+
+
+def config_reference() -> str:
+    """Every key as a Markdown page (`taco config show --markdown`): docs/configuration.md is this
+    text, so the documented keys, types, defaults and docs are the schema's (a test compares them)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from the config schema by `taco config show --markdown > docs/configuration.md`;",
+        "     do not edit by hand (tests/test_docs.py checks that it matches). -->",
+        "",
+        "A run is configured by a TOML file with one table per section below, and by command-line",
+        "overrides `--section.key=value` (later wins: defaults < `model.preset` < file < command line).",
+        "`taco config show` prints this list in the terminal; `taco config show --config FILE",
+        "[--section.key=value ...]` prints the config they resolve to, as the `config.toml` a run",
+        "writes to its folder. Aliases: `model.block_size` for `model.seq_len`, `train.checkpoint_every`",
+        "for `train.checkpoint_interval`.",
+    ]
+    for name, section_cls in _SECTIONS.items():
+        docs = field_docs(section_cls)
+        hints = typing.get_type_hints(section_cls)
+        default = section_cls()
+        lines += ["", f"## [{name}]", "", " ".join((section_cls.__doc__ or "").split()), ""]
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for f in dataclasses.fields(section_cls):
+            value = getattr(default, f.name)
+            if f.default_factory is default_cache_dir:  # depends on the machine: say how
+                shown = "`$TACO_DATA_DIR`, else `~/.cache/taco`"
+            else:
+                shown = f"`{_toml_literal(value.value if isinstance(value, _Choice) else value)}`"
+            cells = [f"`{name}.{f.name}`", type_name(hints[f.name]), shown, docs.get(f.name, "")]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
