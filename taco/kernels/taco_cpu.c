@@ -19,12 +19,10 @@
  * benchmarks/native_simd_check.py, which also times old against new: ~2x per element).
  *
  * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
- * (built with -ffp-contract=off): the only differences from the reference are summation orders
- * (the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
- * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). So codes are the
- * reference's wherever those sums are exact (e.g. small integer inputs; with lean scales the
- * products by s_a are exact too, so taco's as well), else within one step; scales byte-identical
- * but for an fp32 ulp of the absmax (lean formats: unless that ulp crosses one of their grid points).
+ * (built with -ffp-contract=off): the same butterflies in the same order (stride 1 first), the sum
+ * of squares in index order, correctly rounded sqrt and divisions, so bytes and decoded values are
+ * the reference's bit for bit (tests/test_kernels.py, tests/test_invariance.py). Groups near fp32's
+ * max are rotated and decoded in scaled domains, as the reference does (see "finite in, finite out").
  * Integer codes of B = 2..8 bits are packed LSB first (8 codes in B bytes; formats.pack_bits); scale
  * formats fp32, bf16 and e8m0 (scales.py: rounded UP onto the format's grid before use, by the
  * same integer steps, NaN kept). Within this backend a

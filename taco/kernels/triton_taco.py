@@ -10,7 +10,8 @@ Per tile of R groups (docs/design.md 1.1): load, stats, adaptive scale (taco), W
 max, scale, FP8/INT cast, store payload and scales. The rotation is a tensor-core `tl.dot` with the
 Sylvester matrix (+-1, exact in bf16, generated in registers): fp32 operands are split exactly into
 up to three bf16 parts (bf16 input: one part; fp16: two; fp32 or scaled: three) so every product is
-exact and only the fp32 accumulation order differs from the reference's matmul. G = 256/512 use
+exact and only the fp32 accumulation order differs from the reference's butterflies (the bound is
+derived in docs/design.md 1.1, "Same bytes everywhere"). G = 256/512 use
 H_G = H_{G/128} (x) H_128: one dot with H_128, then butterflies across the 128-blocks.
 FP8 and bf16 casts are done with integer bit operations (round-to-nearest-even, saturating), so the
 GPU and the interpreter (TRITON_INTERPRET=1, whose own bf16 casts truncate and whose bf16 dot is
