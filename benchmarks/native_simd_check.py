@@ -109,6 +109,65 @@ def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def same_encoding(codec, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Encodings, old `a` against new `b`: the same bytes, except for rotated groups holding some
+    |x_i| >= 2^(127 - log2 G) that the old kernels gave a NaN scale (their butterflies overflowed):
+    new pre-scales those (finite in, finite out), so their bytes may differ."""
+    if same(a, b):
+        return True
+    g = codec.group_size
+    ng = codec.groups(x.numel())
+    pa, sa = codec._split(a)
+    pb, sb = codec._split(b)
+    xf = torch.nn.functional.pad(x.float(), (0, ng * g - x.numel())).view(ng, g)
+    free = (xf.abs() >= 2.0 ** (127 - (g.bit_length() - 1))).any(1) & sa[0].view(-1).isnan()
+    keep = ~free
+    return torch.equal(pa[keep], pb[keep]) and all(
+        torch.equal(u.view(-1)[keep].view(torch.int32), v.view(-1)[keep].view(torch.int32))
+        for u, v in zip(sa, sb)
+    )
+
+
+def same_dsum(codec, stacked: torch.Tensor, n: int, ra: tuple, rb: tuple) -> bool:
+    """decode-sum-encode, old `ra` against new `rb` (encoded sums, sums): the same bytes, except in the
+    groups where a chunk's scale is at least 2^(111 - log2 G) (decoded in a scaled domain now) or whose
+    sum old encoded with a NaN scale and new with a finite one (pre-scaled)."""
+    if same(ra[0], rb[0]) and same(ra[1], rb[1]):
+        return True
+    g, ng, size = codec.group_size, codec.groups(n), codec.nbytes(n)
+    free = torch.zeros(ng, dtype=torch.bool)
+    for k in range(stacked.numel() // size):
+        s = codec._split(stacked[k * size : (k + 1) * size])[1][0].view(-1).abs()
+        free |= s >= 2.0 ** (111 - (g.bit_length() - 1))
+    if ra[0] is not None:
+        sa, sb = codec._split(ra[0])[1][0].view(-1), codec._split(rb[0])[1][0].view(-1)
+        free |= sa.isnan() & ~sb.isnan()
+    keep = ~free
+    if ra[0] is not None:
+        (pa, sa), (pb, sb) = codec._split(ra[0]), codec._split(rb[0])
+        if not torch.equal(pa[keep], pb[keep]):
+            return False
+        for u, v in zip(sa, sb):
+            if not torch.equal(u.view(-1)[keep].view(torch.int32), v.view(-1)[keep].view(torch.int32)):
+                return False
+    if ra[1] is not None:
+        el = keep.repeat_interleave(g)[:n]
+        return torch.equal(ra[1][el].view(torch.uint8), rb[1][el].view(torch.uint8))
+    return True
+
+
+def same_decode(codec, buf: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Decoded values, old `a` against new `b`: the same bytes, except in groups whose scale is at least
+    2^(111 - log2 G), where the old kernels' butterflies could overflow: new decodes those in a scaled
+    domain and saturates (finite in, finite out)."""
+    if same(a, b):
+        return True
+    g = codec.group_size
+    s = codec._split(buf)[1][0].view(-1).abs()
+    keep = ~(s >= 2.0 ** (111 - (g.bit_length() - 1))).repeat_interleave(g)[: a.numel()]
+    return torch.equal(a[keep].view(torch.uint8), b[keep].view(torch.uint8))
+
+
 def inputs(n: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     """Random data of mixed magnitudes and the edge cases, n elements each, in `dtype`."""
     gen = torch.Generator().manual_seed(seed)
@@ -146,7 +205,8 @@ def check(old, new, quick: bool) -> int:
                     for i, x in enumerate(inputs(n, dt, seed=n * 7 + g)):
                         for nt in (1, 2) if n > 256 * g else (1,):
                             a, b = encode(old, codec, x, nt), encode(new, codec, x, nt)
-                            assert same(a, b), f"encode {name} {opts} G={g} n={n} {dt} input {i} nt={nt}"
+                            what = f"encode {name} {opts} G={g} n={n} {dt} input {i} nt={nt}"
+                            assert same_encoding(codec, x, a, b), what
                             count += 1
                 # decode: real encodings and random bytes (every code, NaN codes and odd scales included)
                 gen = torch.Generator().manual_seed(n + g)
@@ -157,7 +217,8 @@ def check(old, new, quick: bool) -> int:
                     for dt in DTYPES:
                         nt = 2 if n > 256 * g else 1
                         ya, yb = decode(old, codec, buf, n, dt, nt), decode(new, codec, buf, n, dt, nt)
-                        assert same(ya, yb), f"decode {name} {opts} G={g} n={n} {dt} buf {bi}"
+                        what = f"decode {name} {opts} G={g} n={n} {dt} buf {bi}"
+                        assert same_decode(codec, buf, ya, yb), what
                         count += 1
                 # decode-sum-encode: 3 chunks (one random-bytes chunk), own term in each position or none
                 stacked = torch.cat([bufs[0], bufs[1], bufs[-1]])
@@ -168,7 +229,7 @@ def check(old, new, quick: bool) -> int:
                         odt = None if own_t is None else own_t.dtype
                         ra = dsum(old, codec, stacked, 3, n, own_t, idx, reenc, sdt)
                         rb = dsum(new, codec, stacked, 3, n, own_t, idx, reenc, sdt)
-                        assert same(ra[0], rb[0]) and same(ra[1], rb[1]), (
+                        assert same_dsum(codec, stacked, n, ra, rb), (
                             f"dsum {name} {opts} G={g} n={n} own@{idx} {odt} sum={sdt} re-encode={reenc}"
                         )
                         count += 1

@@ -244,8 +244,7 @@ def f32_view(buf: torch.Tensor) -> torch.Tensor:
 
 
 def finite_clamp(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast fp32 to `dtype`, saturating finite values at dtype's range (fp16 never overflows)."""
-    if dtype == torch.float16:
-        fmax = torch.finfo(torch.float16).max
-        y = y.clamp(-fmax, fmax)  # clamp keeps NaN
-    return y.to(dtype)
+    """Cast decoded fp32 values to `dtype`, saturating at dtype's largest finite value: a decoded value
+    never overflows (fp16; bf16 and fp32 near their max, docs/codecs.md). NaN stays NaN."""
+    fmax = torch.finfo(dtype).max
+    return y.clamp(-fmax, fmax).to(dtype)  # clamp keeps NaN

@@ -36,7 +36,7 @@ from . import backend as kb
 from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
-from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips, signed_hadamard
+from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips
 from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
@@ -331,14 +331,14 @@ class IntHadamardCodec(IntGroupCodec):
             return (*super()._args(device), sign_flips(self.group_size, device))
         if not self.signs:
             return super()._args(device)
-        return (signed_hadamard(self.group_size, device), self.qmax, self.scale_fmt)
+        return (*super()._args(device), sign_flips(self.group_size, device), True)
 
     def _dargs(self, device: torch.device) -> tuple:
         if self.signs == "auto":
             return (*super()._dargs(device), sign_flips(self.group_size, device))
         if not self.signs:
             return super()._dargs(device)
-        return (signed_hadamard(self.group_size, device, decode=True),)
+        return (*super()._dargs(device), sign_flips(self.group_size, device), True)
 
 
 class Int8HadamardCodec(IntHadamardCodec):

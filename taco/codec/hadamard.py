@@ -1,8 +1,13 @@
 """Walsh-Hadamard transform over groups (docs/design.md 1.1 step 2).
 
 The Sylvester matrix H_G has entries +-1 and H_G @ H_G = G * I, so H_G / sqrt(G) is orthonormal
-and its own inverse. Groups are rotated by a dense [G, G] matmul: exact +-1 products, fp32
-accumulation, and on every backend a single well-optimised kernel.
+and its own inverse. The reference rotates groups with the fast Walsh-Hadamard transform (`fwht`):
+log2(G) stages of add/sub pairs in one fixed order, then one correctly rounded division by
+fp32(sqrt(G)). Every step is an elementwise IEEE fp32 operation on whole [ng, G] tensors, so a group's
+rotation depends on the group alone: not on the number of groups, the thread count, the CPU's vector
+width or the device (a dense matmul's summation order depends on the BLAS blocking, hence on all of
+those; docs/design.md "Same bytes everywhere"). The stages are those of the native C kernels, operand
+for operand, so the two give the same bits.
 
 Randomized Hadamard (the intB-hadamard codecs' `signs` option, QuaRot arXiv 2404.00456): each group
 is multiplied by a fixed +-1 diagonal D before the rotation and after the inverse. D is not drawn
@@ -17,6 +22,7 @@ Sign flips are exact, so D H and H D as matrices give the same products as flipp
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -85,3 +91,43 @@ def signed_hadamard(g: int, device: torch.device | str = "cpu", decode: bool = F
         d, hm = _signs_cpu(g), _sylvester_cpu(g)
         h = _DEVICE_CACHE[key] = (hm * d[None, :] if decode else d[:, None] * hm).contiguous().to(device)
     return h
+
+
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """x [ng, G] fp32 -> x @ H_G (unnormalised) in log2(G) butterfly stages; stage k pairs the elements
+    whose indices differ in bit k (k = 0, 1, ..: stride 1 first), a the lower and b the upper, into
+    (a + b, a - b), as the native kernels' strides h = 1, 2, 4, ... do. Elementwise fp32 adds only: the
+    same bits on every device, ISA and batch size.
+
+    Written in constant geometry: each stage reads the adjacent pairs (2i, 2i + 1) and writes a + b to
+    i and a - b to i + G/2, which moves the index's bit 0 to the top; after log2(G) stages every
+    element is back in place (out-of-place, so torch.compile traces it too)."""
+    n, g = x.shape
+    for _ in range(g.bit_length() - 1):
+        v = x.reshape(n, g // 2, 2)
+        a, b = v[..., 0], v[..., 1]
+        x = torch.cat((a + b, a - b), dim=1)
+    return x
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """x [ng, G] fp32 -> x @ H_G / sqrt(G): the butterflies, then one true division by fp32(sqrt(G)).
+
+    The divisor is a device tensor, not a Python scalar: CUDA turns division by a host scalar into a
+    product with its reciprocal, which rounds differently from the kernels' correctly rounded division."""
+    g = x.shape[1]
+    return fwht(x) / _root(g, x.device)
+
+
+def _root(g: int, device: torch.device) -> torch.Tensor:
+    key = ("root", g, str(device))
+    r = _DEVICE_CACHE.get(key)
+    if r is None:
+        r = _DEVICE_CACHE[key] = torch.tensor([math.sqrt(g)], dtype=torch.float32, device=device)
+    return r
+
+
+def flip(x: torch.Tensor, flips: torch.Tensor, where: torch.Tensor | bool = True) -> torch.Tensor:
+    """x times the diagonal D (`sign_flips`) as the kernels do it, 0 - x (so zeros stay +0); only in the
+    rows where `where` holds (a [ng, 1] bool tensor, or True for all)."""
+    return torch.where((flips < 0) & where, 0.0 - x, x)

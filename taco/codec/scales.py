@@ -25,6 +25,13 @@ SCALE_FORMATS: dict[str, int] = {"fp32": 4, "bf16": 2, "e8m0": 1}
 BF16_MAX_BITS = 0x7F7F0000  # bf16's largest finite value, as fp32 bits
 
 
+def max_scale(fmt: str) -> float:
+    """The largest finite scale of `fmt` (fp32's max, bf16's max, 2^127): where a scale saturates."""
+    if fmt == "e8m0":
+        return 2.0**127
+    return torch.finfo(torch.float32 if fmt == "fp32" else torch.bfloat16).max
+
+
 def check_scale_fmt(name: object) -> str:
     """Validate a scale format name ("fp32", "bf16" or "e8m0")."""
     if not isinstance(name, str) or name not in SCALE_FORMATS:

@@ -192,6 +192,19 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=torch.contiguous_format)
 
 
+def _copy_as(x: torch.Tensor) -> torch.Tensor:
+    """A copy laid out in memory exactly as x (same strides, gaps included, zero-filled), so that a
+    backend reducing in memory order sums it as it would sum x; contiguous where x is not strided
+    or has overlapping (zero-stride) dims."""
+    if x.layout != torch.strided or any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())):
+        return _copy(x)
+    if x.numel() == 0:
+        return _copy(x)
+    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+    mem = x.new_empty(span) if span == x.numel() else x.new_zeros(span)  # no gaps: all overwritten
+    return mem.as_strided(x.shape, x.stride()).copy_(x)
+
+
 def _then(steps: Steps, fn: Callable[[torch.Tensor], torch.Tensor]) -> Steps:
     return fn((yield from steps))
 
@@ -250,8 +263,8 @@ def all_reduce(
     call.check_same(f" slices={k} algo={algo}" if call.codec is not None else "")
     n = call.world
     call.account(2 * (n - 1) * _bytes(x) // n)
-    if call.codec is None:
-        out = _copy(x)
+    if call.codec is None:  # x's own memory layout: the backend reduces in memory order, so a
+        out = _copy_as(x)  # transposed view copied contiguous would be summed in another order
         return call.run(call.issue(lambda: dist.all_reduce(out, group=group, async_op=True), out), async_op)
     if x.numel() == 0:
         return call.run(_copy(x), async_op)

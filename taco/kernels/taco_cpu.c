@@ -19,12 +19,10 @@
  * benchmarks/native_simd_check.py, which also times old against new: ~2x per element).
  *
  * Semantics follow `taco.codec.functional` operation by operation, in fp32, without FMA contraction
- * (built with -ffp-contract=off): the only differences from the reference are summation orders
- * (the butterflies vs the dense matmul, the sum of squares), i.e. fp32 ulps before the FP8/INT cast
- * (unrotated fp8/int codecs sum nothing: their bytes are the reference's). So codes are the
- * reference's wherever those sums are exact (e.g. small integer inputs; with lean scales the
- * products by s_a are exact too, so taco's as well), else within one step; scales byte-identical
- * but for an fp32 ulp of the absmax (lean formats: unless that ulp crosses one of their grid points).
+ * (built with -ffp-contract=off): the same butterflies in the same order (stride 1 first), the sum
+ * of squares in index order, correctly rounded sqrt and divisions, so bytes and decoded values are
+ * the reference's bit for bit (tests/test_kernels.py, tests/test_invariance.py). Groups near fp32's
+ * max are rotated and decoded in scaled domains, as the reference does (see "finite in, finite out").
  * Integer codes of B = 2..8 bits are packed LSB first (8 codes in B bytes; formats.pack_bits); scale
  * formats fp32, bf16 and e8m0 (scales.py: rounded UP onto the format's grid before use, by the
  * same integer steps, NaN kept). Within this backend a
@@ -425,6 +423,35 @@ static void flip_signs(float* v, int G) { /* 0 - v: -v, but +0 for zeros (as the
    plain */
 static inline int auto_pick(float s1, float s2) { return s2 < s1; }
 
+/* ---- finite in, finite out (functional.prescale / wire_scale / decode_factor) ----------------
+   A rotated group with some |x_i| >= 2^(127 - log2 G) could overflow in the butterflies (partial sums
+   reach G * absmax): it is rotated as x * 2^-log2(G), exact, and its scale multiplied back by
+   2^log2(G), saturating at the format's largest value. A scale >= 2^(111 - log2 G) is decoded in the
+   scaled domain, s * 2^-(log2(G) + 16) (codes are < 2^16), the values multiplied back and saturated
+   at fp32's largest. Power-of-two factors commute with every rounding in the normal range: groups of
+   ordinary magnitude keep their bytes. The batches send such groups to the single-group path. */
+#define FLT32_MAX 0x1.fffffep127f
+static inline int log2i(int G) { return 31 - __builtin_clz((unsigned)G); }
+static inline float pow2f(int e) { return u2f((uint32_t)(127 + e) << 23); } /* -126 <= e <= 127 */
+static inline float max_scale(const cfg_t* c) {
+    return c->sfmt == SF_BF16 ? u2f(BF16_MAX_BITS) : c->sfmt == SF_E8M0 ? 0x1p127f : FLT32_MAX;
+}
+static inline int big_group(const cfg_t* c, const float* v, int G) {
+    if (c->kind == 0 || !c->rotate) return 0;
+    const float t = pow2f(127 - log2i(G));
+    int big = 0;
+    for (int i = 0; i < G; i++) big |= fabsf(v[i]) >= t;
+    return big;
+}
+static inline int big_scale(const cfg_t* c, float s, int G) {
+    return c->kind != 0 && fabsf(s) >= pow2f(111 - log2i(G));
+}
+/* the scale written for a group pre-scaled by 2^-lg whose scale there is s: s * 2^lg, saturating */
+static inline float wire_scale(const cfg_t* c, float s, int lg) {
+    float w = s * pow2f(lg), m = max_scale(c);
+    return w > m ? m : w; /* NaN stays NaN */
+}
+
 /* Encode one group held in v (fp32, modified): payload to q, scales to s0 (and s1). LEAN: the
    general code (a compile-time flag; see lean()). Scales are rounded onto their format before use. */
 INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, uint8_t* s1, int G, const int LEAN) {
@@ -435,6 +462,9 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         for (int i = 0; i < G; i++) v[i] *= sa;
     }
     const int pick = LEAN && c->kind == 2 && c->rotate && c->signs == 2; /* signs="auto" */
+    const int lg = big_group(c, v, G) ? log2i(G) : 0; /* pre-scale 2^-lg (finite in, finite out) */
+    if (lg)
+        for (int i = 0; i < G; i++) v[i] *= pow2f(-lg);
     float w[MAXG];
     if (pick) { /* the randomized candidate, as the plain one below */
         memcpy(w, v, (size_t)G * 4);
@@ -450,9 +480,11 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
     s = group_scale(c, abs_max(v, G));
     if (LEAN) s = round_scale(c, s);
     float sw = s; /* the scale written: -s2 where the randomized candidate is kept */
+    if (lg) sw = wire_scale(c, s, lg), s = sw * pow2f(-lg);
     if (pick) { /* the kept candidate is coded, its signed scale written */
-        float s2 = round_scale(c, group_scale(c, abs_max(w, G)));
-        if (auto_pick(s, s2)) memcpy(v, w, (size_t)G * 4), s = s2, sw = -s2;
+        float s2 = round_scale(c, group_scale(c, abs_max(w, G))), w2 = s2;
+        if (lg) w2 = wire_scale(c, s2, lg), s2 = w2 * pow2f(-lg);
+        if (auto_pick(sw, w2)) memcpy(v, w, (size_t)G * 4), s = s2, sw = -w2;
     }
     if (c->kind == 2) {
         uint32_t t[MAXG];
@@ -470,7 +502,7 @@ INLINE void encode_group_t(const cfg_t* c, float* v, uint8_t* q, uint8_t* s0, ui
         put_scale(c, s0, 0, sw);
         if (c->kind == 0) put_scale(c, s1, 0, sa);
     } else {
-        put_f32(s0, s);
+        put_f32(s0, sw);
         if (c->kind == 0) put_f32(s1, sa);
     }
 }
@@ -481,6 +513,8 @@ INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, 
     float s = LEAN ? get_scale(c, s0, 0) : get_f32(s0), rg = (float)sqrt((double)G);
     const int flip = LEAN && (c->signs == 1 || (c->signs == 2 && signbit(s))); /* auto: the sign bit */
     if (LEAN && c->signs == 2) s = fabsf(s);
+    const int lg = big_scale(c, s, G) ? log2i(G) + 16 : 0; /* decode in the scaled domain */
+    if (lg) s *= pow2f(-lg);
     if (LEAN && c->kind == 2) {
         unpack_codes(q, G, c->bits, s, v, 1);
     } else if (c->kind == 2) {
@@ -501,6 +535,8 @@ INLINE void decode_group_t(const cfg_t* c, const uint8_t* q, const uint8_t* s0, 
         for (int i = 0; i < G; i++) v[i] /= rg;
         if (flip) flip_signs(v, G);
     }
+    if (lg) /* back by 2^lg (exact, or past fp32's range: then saturated at its largest) */
+        for (int i = 0; i < G; i++) v[i] = clampf(v[i] * pow2f(lg), -FLT32_MAX, FLT32_MAX);
     if (c->kind == 0) {
         float sa = LEAN ? get_scale(c, s1, 0) : get_f32(s1);
         for (int i = 0; i < G; i++) v[i] /= sa;
@@ -1255,6 +1291,26 @@ typedef struct {
     const void* own; int own_dt; int own_index; /* dsum: raw local term at this position */
 } job_t;
 
+/* the lanes of a batch holding a big group (big_group), bit l for lane l: the single-group path
+   encodes them again (the batch path's other lanes keep their bytes, NaN signs included) */
+static uint32_t big_lanes(const cfg_t* c, lanes_t* t, int G) {
+    if (c->kind == 0 || !c->rotate) return 0;
+    const float th = pow2f(127 - log2i(G));
+    int big[L] = {0};
+    for (int i = 0; i < G; i++)
+        for (int l = 0; l < L; l++) big[l] |= fabsf(t[i][l]) >= th;
+    uint32_t m = 0;
+    for (int l = 0; l < L; l++) m |= (uint32_t)big[l] << l;
+    return m;
+}
+
+/* the lanes of L consecutive groups whose scale is big (big_scale), bit l for lane l */
+static uint32_t big_scales(const cfg_t* c, const uint8_t* s0, int G) {
+    uint32_t m = 0;
+    for (int l = 0; l < L; l++) m |= (uint32_t)big_scale(c, get_scale(c, s0, l), G) << l;
+    return m;
+}
+
 static int64_t payload_bytes(const cfg_t* c) { return (int64_t)c->group * (c->kind == 2 ? c->bits : 8) / 8; }
 
 static void encode_range(const void* p, int64_t g0, int64_t g1) {
@@ -1262,11 +1318,17 @@ static void encode_range(const void* p, int64_t g0, int64_t g1) {
     int G = j->c->group;
     int64_t pb = payload_bytes(j->c), sb = scale_size(j->c), g = g0, full = j->n / G; /* full: unpadded */
     lanes_t t[MAXG] ALIGN64;
+    float v[MAXG];
     for (; g + L <= g1 && g + L <= full; g += L) {
         load_batch(j->x, j->dt, g, G, t);
+        uint32_t big = big_lanes(j->c, t, G);
         encode_batch(j->c, t, G, j->q + g * pb, pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL);
+        for (int l = 0; l < L; l++)
+            if (big >> l & 1) { /* finite in, finite out: the single-group path pre-scales it */
+                load_group(j->x, j->dt, (g + l) * G, j->n, G, v);
+                encode_group(j->c, v, j->q + (g + l) * pb, j->s0 + sb * (g + l), j->s1 ? j->s1 + sb * (g + l) : NULL, G);
+            }
     }
-    float v[MAXG];
     for (; g < g1; g++) {
         load_group(j->x, j->dt, g * G, j->n, G, v);
         encode_group(j->c, v, j->q + g * pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL, G);
@@ -1281,10 +1343,16 @@ static void decode_range(const void* p, int64_t g0, int64_t g1) {
     for (; g + L <= g1 && g + L <= full; g += L) {
         decode_batch(j->c, j->iq + g * pb, pb, j->is0 + sb * g, j->is1 ? j->is1 + sb * g : NULL, G, t, NULL);
         store_batch(t, j->dt, g, G, j->y);
+        uint32_t big = big_scales(j->c, j->is0 + sb * g, G);
+        for (int l = 0; l < L; l++) /* finite in, finite out: the single-group path, in a scaled domain */
+            if (big >> l & 1) decode_range(p, g + l, g + l + 1);
     }
     float v[MAXG];
     for (; g < g1; g++) {
         decode_group(j->c, j->iq + g * pb, j->is0 + sb * g, j->is1 ? j->is1 + sb * g : NULL, v, G);
+        if (j->dt == DT_BF16 && big_scale(j->c, get_scale(j->c, j->is0 + sb * g, 0), G))
+            for (int i = 0; i < G; i++) /* saturate at bf16's largest (finite_clamp; fp16: in the cast) */
+                v[i] = clampf(v[i], -u2f(BF16_MAX_BITS), u2f(BF16_MAX_BITS));
         store_group(v, j->dt, g * G, j->n, G, j->y);
     }
 }
@@ -1298,6 +1366,8 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
     int nterms = j->nchunks + (j->own != NULL);
     lanes_t at[MAXG] ALIGN64, t[MAXG] ALIGN64;
     for (; g + L <= g1 && g + L <= full; g += L) { /* whole groups: lane-parallel batches */
+        uint32_t big = 0, bigsum; /* lanes redone by dsum_groups; lanes whose sum is encoded again */
+        for (int k = 0; k < j->nchunks; k++) big |= big_scales(j->c, j->is0 + k * j->stride + sb * g, G);
         for (int tt = 0, k = 0; tt < nterms; tt++) { /* s = y_0 + y_1 + ...: y_0 lands in at as is */
             if (j->own != NULL && tt == j->own_index) {
                 load_batch(j->own, j->own_dt, g, G, tt == 0 ? at : t);
@@ -1310,7 +1380,17 @@ static void dsum_range(const void* p, int64_t g0, int64_t g1) {
             }
         }
         if (j->sum) store_batch(at, j->sum_dt, g, G, j->sum);
+        bigsum = j->q ? big_lanes(j->c, at, G) & ~big : 0;
+        float v[L][MAXG]; /* finite in, finite out: big sums encoded again by the single-group path */
+        for (int l = 0; l < L; l++)
+            if (bigsum >> l & 1)
+                for (int i = 0; i < G; i++) v[l][i] = at[i][l];
         if (j->q) encode_batch(j->c, at, G, j->q + g * pb, pb, j->s0 + sb * g, j->s1 ? j->s1 + sb * g : NULL);
+        for (int l = 0; l < L; l++) {
+            if (bigsum >> l & 1)
+                encode_group(j->c, v[l], j->q + (g + l) * pb, j->s0 + sb * (g + l), j->s1 ? j->s1 + sb * (g + l) : NULL, G);
+            if (big >> l & 1) dsum_groups(j, g + l, g + l + 1); /* big scales: decoded in a scaled domain */
+        }
     }
     dsum_groups(j, g, g1);
 }

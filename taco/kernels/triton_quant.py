@@ -1,5 +1,6 @@
 """Per-group quantization steps of the Triton kernels: the absmax scale (FP8, intB), taco's s_q,
-round-half-even integer codes, and the intB-hadamard `signs="auto"` choice between two rotations.
+round-half-even integer codes, the intB-hadamard `signs="auto"` choice between two rotations, and the
+scaled domains that keep finite groups near the dtype's max finite (docs/codecs.md).
 
 Why a file of its own: `triton_taco.py` holds the tiles (load, rotate, store) and `triton_bits.py` the
 wire bits; these are the steps between, each the twin of `taco.codec.functional` (`absmax_scale`,
@@ -54,10 +55,46 @@ def _int_codes(t, qmax):
 
 
 @triton.jit
-def _int_quant(z, qmax, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr):
-    """Rotated rows z [R, G] -> (codes [R, G] fp32, scales [R])."""
-    s = _absmax_scale(z, qmax, R, SFMT)
-    return _int_codes(tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32)), qmax), s
+def _int_quant(z, qmax, p, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr):
+    """Rotated rows z [R, G], pre-scaled by p [R] (`_prescale`) -> (codes [R, G] fp32, wire scales [R])."""
+    w, s = _wire_scale(_absmax_scale(z, qmax, R, SFMT), p, SFMT)
+    return _int_codes(tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32)), qmax), w
+
+
+# -- finite in, finite out (functional.prescale / wire_scale / decode_factor) ------------------------
+@triton.jit
+def _prescale(x, G: tl.constexpr):
+    """Per row of x [R, G]: 1/G where some |x| >= 2^127 / G (its butterflies could overflow), else 1."""
+    big = tl.max((tl.abs(x) >= 2.0**127 / G).to(tl.int32), axis=1) > 0
+    return tl.where(big, 1.0 / G, 1.0)
+
+
+@triton.jit
+def _wire_scale(s, p, SFMT: tl.constexpr):
+    """A scale s of rows pre-scaled by p -> (written: s / p saturating at SFMT's largest value; the
+    scale codes are divided by: that times p). Power-of-two factors: exact."""
+    if SFMT == 0:
+        smax = 3.4028234663852886e38
+    elif SFMT == 1:
+        smax = 3.3895313892515355e38
+    else:
+        smax = 1.7014118346046923e38  # 2^127
+    w = tl.div_rn(s, p)
+    w = tl.where(w > smax, smax, w)  # NaN stays NaN
+    return w, w * p
+
+
+@triton.jit
+def _decode_factor(s, G: tl.constexpr):
+    """Per scale: 2^-16 / G where |s| >= 2^111 / G (codes * s summed over G could overflow), else 1."""
+    return tl.where(tl.abs(s) >= 2.0**111 / G, 1.0 / (G * 65536.0), 1.0)
+
+
+@triton.jit
+def _saturate(y, m):
+    """y clamped to [-m, m], NaN kept."""
+    y = tl.where(y > m, m, y)
+    return tl.where(y < -m, -m, y)
 
 
 @triton.jit

@@ -10,7 +10,8 @@ Per tile of R groups (docs/design.md 1.1): load, stats, adaptive scale (taco), W
 max, scale, FP8/INT cast, store payload and scales. The rotation is a tensor-core `tl.dot` with the
 Sylvester matrix (+-1, exact in bf16, generated in registers): fp32 operands are split exactly into
 up to three bf16 parts (bf16 input: one part; fp16: two; fp32 or scaled: three) so every product is
-exact and only the fp32 accumulation order differs from the reference's matmul. G = 256/512 use
+exact and only the fp32 accumulation order differs from the reference's butterflies (the bound is
+derived in docs/design.md 1.1, "Same bytes everywhere"). G = 256/512 use
 H_G = H_{G/128} (x) H_128: one dot with H_128, then butterflies across the 128-blocks.
 FP8 and bf16 casts are done with integer bit operations (round-to-nearest-even, saturating), so the
 GPU and the interpreter (TRITON_INTERPRET=1, whose own bf16 casts truncate and whose bf16 dot is
@@ -43,7 +44,16 @@ from .triton_bits import (
     _store_codes,
     _store_scale,
 )
-from .triton_quant import _absmax_scale, _int_quant, _pick, _taco_scale
+from .triton_quant import (
+    _absmax_scale,
+    _decode_factor,
+    _int_quant,
+    _pick,
+    _prescale,
+    _saturate,
+    _taco_scale,
+    _wire_scale,
+)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ROWWISE = tl.constexpr(INTERPRET)  # see _dot
@@ -155,19 +165,27 @@ def _encode_tile(
         sa = tl.where(sa > 1e3, 1e3, sa)
         sa = _round_scale(sa, SFMT)
         x = x * sa[:, None]
+    p = tl.full((R,), 1.0, tl.float32)
+    if KIND != 0 and ROTATE:  # groups near fp32's max are rotated in a scaled domain (exact)
+        p = _prescale(x, G)
+        x = x * p[:, None]
     if SIGNS and not PICK:  # the randomized Hadamard: x D (exact)
         x = _flip_signs(x, G, SIGNS)
     z = _rotate(x, sqrt_g, R, G, HB, NSPLIT, DOT) if ROTATE else x
     if KIND == 2:
-        r, s = _int_quant(z, qmax, R, G, SFMT)
+        r, s = _int_quant(z, qmax, p, R, G, SFMT)
         if PICK:  # the same with x D rotated; the kept one's scale carries the choice in its sign
             r2, s2 = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
-                                qmax, R, G, SFMT)  # fmt: skip
+                                qmax, p, R, G, SFMT)  # fmt: skip
             r, s = _pick(r, s, r2, s2)
         _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
-        s = _taco_scale(z, target, R, SFMT) if KIND == 0 else _absmax_scale(z, fmax, R, SFMT)
-        t = tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32))
+        if KIND == 0:
+            s = _taco_scale(z, target, R, SFMT)
+            sc = s
+        else:
+            s, sc = _wire_scale(_absmax_scale(z, fmax, R, SFMT), p, SFMT)
+        t = tl.div_rn(z, sc[:, None] + tl.zeros((R, G), tl.float32))
         t = tl.where(t < -fmax, -fmax, t)
         t = tl.where(t > fmax, fmax, t)
         code = _fp8_bits(t, FMT)
@@ -197,6 +215,8 @@ def _decode_tile(
     if PICK:
         flip = s < 0
         s = tl.abs(s)
+    d = _decode_factor(s, G) if KIND != 0 else tl.full((R,), 1.0, tl.float32)
+    s = s * d  # big scales: decoded in a scaled domain (exact)
     if ROTATE:  # (q @ H) * s: the codes are exact in bf16, one dot
         y = tl.div_rn(_hadamard(v, R, G, HB, 1, DOT) * s[:, None], tl.full((R, G), 1.0, tl.float32) * sqrt_g)
     else:
@@ -208,7 +228,9 @@ def _decode_tile(
     if KIND == 0:
         sa = _load_scale(s1_ptr, rows, rmask, SFMT)
         y = tl.div_rn(y, sa[:, None] + tl.zeros((R, G), tl.float32))
-    return y
+    else:
+        y = y * tl.div_rn(tl.full((R,), 1.0, tl.float32), d)[:, None]
+    return _saturate(y, 3.4028234663852886e38)  # finite_clamp: fp32's largest
 
 
 # -- kernels --------------------------------------------------------------------------------------
@@ -243,7 +265,7 @@ def _decode_kernel(
             q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK
         )
         if OUT == 1:
-            tl.store(y_ptr + idx, _bf16_bits(y), mask=idx < n)
+            tl.store(y_ptr + idx, _bf16_bits(_saturate(y, 3.3895313892515355e38)), mask=idx < n)
         elif OUT == 2:  # fp16 never overflows (finite_clamp); NaN stays NaN
             y = tl.where(y < -65504.0, -65504.0, y)
             y = tl.where(y > 65504.0, 65504.0, y)

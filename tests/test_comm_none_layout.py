@@ -1,0 +1,40 @@
+"""Codec none is the plain collective bit for bit (docs/design.md 2.1), for every memory layout: a
+backend reduces a dense tensor in memory order, so a copy made contiguous would be summed in another
+order and, from three ranks on, round differently."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import taco.comm as tc
+from tests.dist import run_distributed
+
+VIEWS = {  # fresh views of the same [6, 40, 50] values
+    "transposed 3-d": lambda t: t.transpose(0, 2),
+    "permuted 3-d": lambda t: t.permute(1, 2, 0),
+    "contiguous": lambda t: t,
+    "strided slice": lambda t: t[:, ::2],
+}
+
+
+def _body(rank: int, world: int) -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        gen = torch.Generator().manual_seed(100 + rank)
+        # values of very different magnitudes: the order of a 3- or 4-term sum changes its rounding
+        base = (torch.randn(6, 40, 50, generator=gen) * torch.logspace(-3, 3, 50)).to(dtype)
+        for what, view in VIEWS.items():
+            want = view(base.clone())
+            dist.all_reduce(want)  # in place, on a tensor of exactly this layout
+            for codec in (None, "none"):
+                x = view(base.clone())
+                got = tc.all_reduce(x, codec=codec)
+                assert got.shape == x.shape and got.dtype == dtype
+                assert torch.equal(got, want), f"{what} {dtype} codec={codec!r}: differs from dist.all_reduce"
+                assert torch.equal(x, view(base)), "the input is left as it was"
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_codec_none_all_reduce_is_dist_all_reduce_for_any_layout(world):
+    run_distributed(_body, world)
