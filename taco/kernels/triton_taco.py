@@ -330,6 +330,13 @@ def supports(codec, device: torch.device) -> bool:
 
 TILE = int(os.environ.get("TACO_TRITON_TILE", "4096"))
 """elements per tile (R * G), read once at import"""
+LAUNCH = {
+    "encode": dict(num_warps=4, num_stages=3),
+    "decode": dict(num_warps=4, num_stages=3),
+    "decode_sum_encode": dict(num_warps=4, num_stages=3),
+}
+"""launch options per kernel (benchmarks/kernel_resources.py compiles each variant for sm_90 and
+reports its registers and spills)"""
 
 
 def _geometry(g: int) -> tuple[int, int]:
@@ -452,6 +459,7 @@ class _Spec:
         _encode_kernel[_grid(self.tiles(q), k, x.device)](
             xa, out, self.words(out), e0, est, skip, bst, q, end, self.fmax, self.lam, self.target, self.qmax,
             self.sqrt_g, NSPLIT=3 if self.kind == 0 else _NSPLIT[x.dtype], IN=in_code, **self._consts,
+            **LAUNCH["encode"],
         )  # fmt: skip
 
     def decode(self, buf: torch.Tensor, y: torch.Tensor, pr: Progression) -> None:
@@ -460,7 +468,7 @@ class _Spec:
         src = buf[b0:]
         _decode_kernel[_grid(self.tiles(q), k, y.device)](
             src, self.words(src), _y_arg(y), e0, est, skip, bst, q, end, self.sqrt_g, OUT=_OUT[y.dtype],
-            **self._consts,
+            **self._consts, **LAUNCH["decode"],
         )  # fmt: skip
 
 
@@ -525,7 +533,7 @@ class TritonBackend(KernelBackend):
             bufs, words, stride, nterms, own_arg, own_index, oq, ow, sum_arg, numel, ng,
             sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
             SUM=sum_out is not None, SUM_OUT=0 if sum_out is None else _OUT[sum_out.dtype],
-            ENC=dst is not None, OWN_IN=own_in, **sp.consts(),
+            ENC=dst is not None, OWN_IN=own_in, **sp.consts(), **LAUNCH["decode_sum_encode"],
         )  # fmt: skip
         if dst is not None and dst is not out:
             out.copy_(dst)
