@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 
 import pytest
 import torch
@@ -102,3 +103,50 @@ def test_chunked_launch_matches_per_chunk(name):
     for e, k, b in spans:
         backend.decode(codec, one[b : b + codec.nbytes(k)], y2[e : e + k])
     assert torch.equal(y1, y2)
+
+
+def test_one_compiled_kernel_per_codec_whatever_the_sizes_and_dtypes():
+    """Each launch filed under the cache key it would have on a GPU (benchmarks/gpu_check_compiles.py):
+    sizes, offsets, strides, dtypes and the decode-sum-encode's variants are runtime arguments, so
+    a codec needs one encode, one decode and one decode-sum-encode kernel in all."""
+    from benchmarks.gpu_check_compiles import Keys
+
+    codec = taco.get_codec("int6-hadamard", group_size=64, backend="triton")
+    keys = Keys()
+    try:
+        for n in (64, 1000, 2 * 4096 + 77):
+            for dtype in (torch.bfloat16, torch.float32, torch.float16):
+                x = torch.randn(n).to(dtype)
+                p = codec.encode(x)
+                codec.decode(p)
+                size = -(-codec.nbytes(n) // 16) * 16
+                bufs = torch.zeros(3 * size, dtype=torch.uint8)
+                out = torch.empty(codec.nbytes(n), dtype=torch.uint8)
+                codec.decode_sum_encode(bufs, size, 3, n, dtype, own=x, own_index=1, out=out)
+                codec.decode_sum_encode(bufs, size, 3, n, dtype, sum_out=torch.empty(n, dtype=dtype))
+                s = torch.empty(n)
+                codec.decode_sum_encode(bufs, size, 2, n, dtype, own=x, own_index=0, out=out, sum_out=s)
+    finally:
+        keys.close()
+    per = collections.Counter(key.split(":")[0] for key in keys.keys)
+    assert per == {"_encode_kernel": 1, "_decode_kernel": 1, "_decode_sum_encode_kernel": 1}, per
+
+
+@pytest.mark.slow
+def test_kernel_resources_sm90_no_spills(tmp_path):
+    """benchmarks/kernel_resources.py: every shipped variant compiled for sm_90 (ptxas bundled with
+    triton, no GPU): no spills, at most 168 registers (three CTAs of 128 threads per SM)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    script = root / "benchmarks" / "kernel_resources.py"
+    cmd = [sys.executable, str(script), "--arch", "sm_90", "--json", str(tmp_path / "k.json")]
+    p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=3600)
+    last = p.stdout.strip().splitlines()[-1]
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    m = re.fullmatch(r"(\d+) kernels, max (\d+) registers, (\d+) bytes spilled", last)
+    assert m and int(m[3]) == 0 and int(m[2]) <= 168 and int(m[1]) >= 3, last

@@ -92,8 +92,9 @@ def _dot(a, h, acc, FIRST: tl.constexpr):
 
 
 @triton.jit
-def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr):
-    """x [R, G] fp32 -> x @ H_G (unnormalised): exact products, fp32 accumulation."""
+def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT, DOT: tl.constexpr):
+    """x [R, G] fp32 -> x @ H_G (unnormalised): exact products, fp32 accumulation. NSPLIT: bf16 parts
+    of x (1, 2 or 3; a runtime value, so one kernel serves every input dtype)."""
     A: tl.constexpr = G // HB
     h = _sylvester(HB, DOT)
     xr = tl.reshape(x, (R * A, HB))
@@ -119,27 +120,47 @@ def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.
 
 
 @triton.jit
-def _rotate(x, sqrt_g, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr,
+def _rotate(x, sqrt_g, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT,
             DOT: tl.constexpr):  # fmt: skip
     """x [R, G] -> x @ H_G / sqrt(G) (the reference's rounding: the exact product sums, then one division)."""
     return tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
 
 
 @triton.jit
-def _load_x(x_ptr, idx, n, IN: tl.constexpr):
-    """Input tile as fp32, zero-padded beyond n. IN: 0 fp32, 1 bf16 (given as int16 bits), 2 fp16."""
+def _load_x(x_ptr, idx, n, IN):
+    """Input tile as fp32, zero-padded beyond n, from the bytes at x_ptr. IN (a runtime value, so one
+    kernel serves every dtype): 0 fp32, 1 bf16 (read as uint16 bits), 2 fp16."""
     if IN == 1:
-        u = tl.load(x_ptr + idx, mask=idx < n, other=0).to(tl.uint16, bitcast=True)
-        return (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        u = tl.load(x_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx, mask=idx < n, other=0)
+        x = (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif IN == 2:
+        x = tl.load(x_ptr.to(tl.pointer_type(tl.float16), bitcast=True) + idx, mask=idx < n, other=0.0)
+        x = x.to(tl.float32)
     else:
-        return tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + idx, mask=idx < n, other=0.0)
+    return x
+
+
+@triton.jit
+def _store_y(y_ptr, idx, n, y, OUT):
+    """fp32 tile -> the bytes at y_ptr, beyond n untouched. OUT (runtime, as IN): 0 fp32, 1 bf16
+    (round-to-nearest-even bits), 2 fp16 (saturated: fp16 never overflows, finite_clamp; NaN stays)."""
+    if OUT == 1:
+        bits = _bf16_bits(y).to(tl.uint16, bitcast=True)
+        tl.store(y_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx, bits, mask=idx < n)
+    elif OUT == 2:
+        y = tl.where(y < -65504.0, -65504.0, y)
+        y = tl.where(y > 65504.0, 65504.0, y)
+        tl.store(y_ptr.to(tl.pointer_type(tl.float16), bitcast=True) + idx, y.to(tl.float16), mask=idx < n)
+    else:
+        tl.store(y_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + idx, y, mask=idx < n)
 
 
 @triton.jit
 def _encode_tile(
     x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    R: tl.constexpr, NSPLIT, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
     SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs).
@@ -211,11 +232,14 @@ def _decode_tile(
 
 
 # -- kernels --------------------------------------------------------------------------------------
-# Sizes, offsets and strides are runtime arguments, never specialized on (`_SIZES`), so one compiled
-# kernel serves every message length. Chunk c of a launch (grid axis 1) is chunk j = c, or c + 1 from
-# `skip` on, of a progression: elements e0 + j * estride of the flat tensor, min(q, n_end - e) of
-# them, encoded at byte c * bstride of the buffer (payload, then its scale words: `_chunk`).
-_SIZES = ["e0", "estride", "skip", "bstride", "q", "n_end", "stride", "nterms", "own_index", "n", "ng"]
+# Sizes, offsets, strides, the dtypes in and out (IN, OUT, OWN_IN, SUM_OUT, with NSPLIT) and the
+# decode-sum-encode's SUM/ENC are runtime arguments, never specialized on (`_RUNTIME`; tensors are
+# passed as their bytes), so one compiled kernel per codec serves every message length and dtype.
+# Chunk c of a launch (grid axis 1) is chunk j = c, or c + 1 from `skip` on, of a progression:
+# elements e0 + j * estride of the flat tensor, min(q, n_end - e) of them, encoded at byte
+# c * bstride of the buffer (payload, then its scale words: `_chunk`).
+_RUNTIME = ["e0", "estride", "skip", "bstride", "q", "n_end", "stride", "nterms", "own_index", "n", "ng",
+            "IN", "NSPLIT", "OUT", "SUM", "SUM_OUT", "ENC", "OWN_IN"]
 
 
 @triton.jit
@@ -230,15 +254,15 @@ def _chunk(e0, estride, skip, bstride, q, n_end, G: tl.constexpr, PB: tl.constex
     return e, n, ng, bo, (bo + ng.to(tl.int64) * PB) // SB
 
 
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=_RUNTIME)
 def _encode_kernel(
-    x_ptr, q_ptr, w_ptr, e0, estride, skip, bstride, q, n_end, fmax, lam, target, qmax, sqrt_g,
+    x_ptr, q_ptr, w_ptr, e0, estride, skip, bstride, q, n_end, fmax, lam, target, qmax, sqrt_g, IN, NSPLIT,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr, BITS: tl.constexpr,
-    SFMT: tl.constexpr, SIGNS: tl.constexpr, PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
     e, n, ng, bo, so = _chunk(e0, estride, skip, bstride, q, n_end, G, PB, SB)
-    xc, qc, s0 = x_ptr + e, q_ptr + bo, w_ptr + so
+    xc, qc, s0 = x_ptr + e * tl.where(IN == 0, 4, 2), q_ptr + bo, w_ptr + so  # x_ptr: bytes
     for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
@@ -247,41 +271,34 @@ def _encode_kernel(
                      KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=_RUNTIME)
 def _decode_kernel(
-    q_ptr, w_ptr, y_ptr, e0, estride, skip, bstride, q, n_end, sqrt_g,
+    q_ptr, w_ptr, y_ptr, e0, estride, skip, bstride, q, n_end, sqrt_g, OUT,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
     SIGNS: tl.constexpr, PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
     e, n, ng, bo, so = _chunk(e0, estride, skip, bstride, q, n_end, G, PB, SB)
-    qc, s0, yc = q_ptr + bo, w_ptr + so, y_ptr + e
+    qc, s0, yc = q_ptr + bo, w_ptr + so, y_ptr + e * tl.where(OUT == 0, 4, 2)  # y_ptr: bytes
     for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         y = _decode_tile(qc, s0, s0 + ng, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT,
                          SIGNS, PICK)  # fmt: skip
-        if OUT == 1:
-            tl.store(yc + idx, _bf16_bits(y), mask=idx < n)
-        elif OUT == 2:  # fp16 never overflows (finite_clamp); NaN stays NaN
-            y = tl.where(y < -65504.0, -65504.0, y)
-            y = tl.where(y > 65504.0, 65504.0, y)
-            tl.store(yc + idx, y.to(tl.float16), mask=idx < n)
-        else:
-            tl.store(yc + idx, y, mask=idx < n)
+        _store_y(yc, idx, n, y, OUT)
 
 
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=_RUNTIME)
 def _decode_sum_encode_kernel(
     q_ptr, w_ptr, stride, nterms, own_ptr, own_index, oq_ptr, ow_ptr, sum_ptr, n, ng,
-    fmax, lam, target, qmax, sqrt_g,
+    fmax, lam, target, qmax, sqrt_g, SUM, SUM_OUT, ENC, OWN_IN,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, SUM_OUT: tl.constexpr, ENC: tl.constexpr,
-    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr, PICK: tl.constexpr,
-    PB: tl.constexpr, SB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
     """Chunk k's payload at byte k * stride of q_ptr, its scale words at (k * stride + ng * PB) / SB of
-    w_ptr (the same buffer); the re-encoded sum the same way at oq_ptr / ow_ptr (byte 0)."""
+    w_ptr (the same buffer); the re-encoded sum the same way at oq_ptr / ow_ptr (byte 0). own_ptr and
+    sum_ptr: bytes, of the dtypes OWN_IN and SUM_OUT say; SUM, ENC: store the sum, encode it."""
     so = ng.to(tl.int64) * PB // SB
     for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
@@ -298,12 +315,14 @@ def _decode_sum_encode_kernel(
             y = tl.where(idx < n, y, 0.0)
             acc = tl.where(t == 0, y, acc + y)
         if SUM:
-            if SUM_OUT == 1:
-                tl.store(sum_ptr + idx, _bf16_bits(acc), mask=idx < n)
-            elif SUM_OUT == 2:
-                tl.store(sum_ptr + idx, acc.to(tl.float16), mask=idx < n)
+            if SUM_OUT == 1:  # bf16: round to nearest even
+                tl.store(sum_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx,
+                         _bf16_bits(acc).to(tl.uint16, bitcast=True), mask=idx < n)  # fmt: skip
+            elif SUM_OUT == 2:  # fp16: the plain collective's cast (inf beyond 65504)
+                tl.store(sum_ptr.to(tl.pointer_type(tl.float16), bitcast=True) + idx, acc.to(tl.float16),
+                         mask=idx < n)  # fmt: skip
             else:
-                tl.store(sum_ptr + idx, acc, mask=idx < n)
+                tl.store(sum_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + idx, acc, mask=idx < n)
         if ENC:
             os0 = ow_ptr + so
             _encode_tile(acc, rows, ng, oq_ptr, os0, os0 + ng, fmax, lam, target, qmax, sqrt_g,
@@ -359,14 +378,9 @@ def _grid(tiles: int, chunks: int, device: torch.device) -> tuple[int, int]:
     return (max(1, min(tiles, -(-4 * _sm_count(index) // chunks))), chunks)
 
 
-def _x_arg(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    if x.dtype == torch.bfloat16:
-        return x.view(torch.int16), 1
-    return x, (2 if x.dtype == torch.float16 else 0)
-
-
-def _y_arg(y: torch.Tensor) -> torch.Tensor:
-    return y.view(torch.int16) if y.dtype == torch.bfloat16 else y
+def _bytes(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A flat contiguous fp32/bf16/fp16 tensor as (its bytes, its dtype code: 0 fp32, 1 bf16, 2 fp16)."""
+    return t.view(torch.uint8), _OUT[t.dtype]
 
 
 Progression = tuple[int, int, int, int, int, int, int, int]
@@ -381,7 +395,13 @@ def progression(spans, g: int, nbytes) -> Progression | None:
     What one launch serves: every chunk starts on a group boundary, chunks of q elements but the
     last (<= q) at a constant element stride with at most one position skipped (the own chunk of an
     all-to-all), at a constant byte stride, 16-byte aligned, none overlapping. Checked by rebuilding
-    every span from the parameters."""
+    every span from the parameters (remembered per spans: a collective repeats the same ones)."""
+    spans = tuple(spans)
+    return _progression(spans, g, nbytes(spans[0][1]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _progression(spans: tuple, g: int, qbytes: int) -> Progression | None:
     (e0, q, b0), k = spans[0], len(spans)
     if k == 1:
         est, skip, bst = 0, 1, 0
@@ -390,7 +410,7 @@ def progression(spans, g: int, nbytes) -> Progression | None:
         est, bst = min(steps), spans[1][2] - b0
         skip = next((i + 1 for i, d in enumerate(steps) if d != est), k)
     end = spans[-1][0] + spans[-1][1]
-    if e0 % g or est % g or b0 % 16 or bst % 16 or (k > 1 and (est < q or bst < nbytes(q))):
+    if e0 % g or est % g or b0 % 16 or bst % 16 or (k > 1 and (est < q or bst < qbytes)):
         return None
     for i, (eo, n, bo) in enumerate(spans):
         e = e0 + (i + (i >= skip)) * est
@@ -454,12 +474,12 @@ class _Spec:
     def encode(self, x: torch.Tensor, buf: torch.Tensor, pr: Progression) -> None:
         """The chunks of flat x that `pr` names -> their wire bytes at their offsets of uint8 `buf`."""
         k, e0, est, skip, b0, bst, q, end = pr
-        xa, in_code = _x_arg(x)
+        xb, in_code = _bytes(x)
+        nsplit = 3 if self.kind == 0 else _NSPLIT[x.dtype]
         out = buf[b0:]
         _encode_kernel[_grid(self.tiles(q), k, x.device)](
-            xa, out, self.words(out), e0, est, skip, bst, q, end, self.fmax, self.lam, self.target, self.qmax,
-            self.sqrt_g, NSPLIT=3 if self.kind == 0 else _NSPLIT[x.dtype], IN=in_code, **self._consts,
-            **LAUNCH["encode"],
+            xb, out, self.words(out), e0, est, skip, bst, q, end, self.fmax, self.lam, self.target, self.qmax,
+            self.sqrt_g, in_code, nsplit, **self._consts, **LAUNCH["encode"],
         )  # fmt: skip
 
     def decode(self, buf: torch.Tensor, y: torch.Tensor, pr: Progression) -> None:
@@ -467,7 +487,7 @@ class _Spec:
         k, e0, est, skip, b0, bst, q, end = pr
         src = buf[b0:]
         _decode_kernel[_grid(self.tiles(q), k, y.device)](
-            src, self.words(src), _y_arg(y), e0, est, skip, bst, q, end, self.sqrt_g, OUT=_OUT[y.dtype],
+            src, self.words(src), *_bytes(y)[:1], e0, est, skip, bst, q, end, self.sqrt_g, _OUT[y.dtype],
             **self._consts, **LAUNCH["decode"],
         )  # fmt: skip
 
@@ -522,18 +542,16 @@ class TritonBackend(KernelBackend):
         dst = None if out is None else out if _aligned(out) else torch.empty_like(out)
         ng = codec.groups(numel)
         nterms = nchunks + (own is not None)
-        if own is None:
-            own_arg, own_in, own_index = bufs, 0, nterms  # never reached
-        else:
-            own_arg, own_in = _x_arg(own.contiguous())
+        # the tensors a variant does not use are stood for by `bufs` (never read or written)
+        own_arg, own_in = (bufs, 0) if own is None else _bytes(own.contiguous())
+        own_index = nterms if own is None else own_index
+        sum_arg, sum_code = (bufs, 0) if sum_out is None else _bytes(sum_out)
         words = sp.words(bufs)
         oq, ow = (bufs, words) if dst is None else (dst, sp.words(dst))
-        sum_arg = words if sum_out is None else _y_arg(sum_out)
         _decode_sum_encode_kernel[_grid(sp.tiles(numel), 1, bufs.device)](
             bufs, words, stride, nterms, own_arg, own_index, oq, ow, sum_arg, numel, ng,
-            sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
-            SUM=sum_out is not None, SUM_OUT=0 if sum_out is None else _OUT[sum_out.dtype],
-            ENC=dst is not None, OWN_IN=own_in, **sp.consts(), **LAUNCH["decode_sum_encode"],
+            sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g, int(sum_out is not None), sum_code,
+            int(dst is not None), own_in, **sp.consts(), **LAUNCH["decode_sum_encode"],
         )  # fmt: skip
         if dst is not None and dst is not out:
             out.copy_(dst)
