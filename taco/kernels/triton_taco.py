@@ -347,15 +347,18 @@ def supports(codec, device: torch.device) -> bool:
     return ok_dev and ok and getattr(codec, "scale_fmt", "fp32") in _SFMT and codec.group_size <= 512
 
 
-TILE = int(os.environ.get("TACO_TRITON_TILE", "4096"))
+TILE = int(os.environ.get("TACO_TRITON_TILE", "2048"))
 """elements per tile (R * G), read once at import"""
 LAUNCH = {
-    "encode": dict(num_warps=4, num_stages=3),
-    "decode": dict(num_warps=4, num_stages=3),
-    "decode_sum_encode": dict(num_warps=4, num_stages=3),
+    "encode": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "decode": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "decode_sum_encode": dict(num_warps=8, num_stages=1),
 }
-"""launch options per kernel (benchmarks/kernel_resources.py compiles each variant for sm_90 and
-reports its registers and spills)"""
+"""launch options per kernel, from `benchmarks/kernel_resources.py --arch sm_90` (each variant
+compiled for sm_90: registers and spills; docs/design.md 1.3). Eight warps on half the tiles of
+four: a tile's values spread over twice the threads. One stage: the tile loop carries no loads
+worth prefetching (each tile is read once) and more stages only hold registers and shared memory.
+The decode-sum-encode has no register cap: capped at 168 it spills more than at its natural 255."""
 
 
 def _geometry(g: int) -> tuple[int, int]:
