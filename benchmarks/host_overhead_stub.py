@@ -13,8 +13,9 @@ which it multiplies, is printed beside it.
 Usage:
     PYTHONPATH=$PWD python benchmarks/host_overhead_stub.py [--mib 16] [--world 8] [--slices 1 4]
         [--codec taco] [--repeats 300]
-Prints per slice count: launches per call and per slice, and the host time per call (median and a
-95% interval of the median over repeated batches).
+Prints per slice count: launches per call and per slice, and the host time per call: the thread's
+CPU time (the host work; robust to a loaded machine) and the wall time, each the median over the
+calls with a 95% bootstrap interval of the median.
 """
 
 from __future__ import annotations
@@ -92,20 +93,21 @@ def launches(x: torch.Tensor, world: int, rank: int, slices: int, pol) -> list:
     return log
 
 
-def time_calls(x: torch.Tensor, world: int, slices: int, pol, repeats: int, batch: int = 10) -> list[float]:
-    """Seconds per call, one figure per batch of `batch` back-to-back calls."""
+def time_calls(x: torch.Tensor, world: int, slices: int, pol, repeats: int) -> tuple[list, list]:
+    """(thread CPU seconds, wall seconds) of each of `repeats` back-to-back calls. The CPU time is
+    the host work itself (on a loaded machine the wall time adds the waits for a core)."""
     import taco.comm as tc
 
-    out = []
+    cpu, wall = [], []
     with stubbed(world, 0):
-        for _ in range(3):  # warm-up: buffers cached, codec spec built
+        for _ in range(5):  # warm-up: buffers cached, codec spec built
             tc.all_reduce(x, policy=pol, slices=slices, algo="two_shot", site="bench")
-        for _ in range(repeats // batch):
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                tc.all_reduce(x, policy=pol, slices=slices, algo="two_shot", site="bench")
-            out.append((time.perf_counter() - t0) / batch)
-    return out
+        for _ in range(repeats):
+            c0, w0 = time.thread_time(), time.perf_counter()
+            tc.all_reduce(x, policy=pol, slices=slices, algo="two_shot", site="bench")
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - w0)
+    return cpu, wall
 
 
 def median_ci(xs: list[float], rounds: int = 2000) -> tuple[float, float, float]:
@@ -133,11 +135,12 @@ def main() -> None:
     for s in a.slices:
         log = launches(x, a.world, 0, s, pol)
         per = collections.Counter(name for name, _ in log)
-        med, lo, hi = median_ci(time_calls(x, a.world, s, pol, a.repeats))
-        k = len(log) / s
+        cpu, wall = time_calls(x, a.world, s, pol, a.repeats)
+        (c, clo, chi), (w, wlo, whi) = median_ci(cpu), median_ci(wall)
         print(
-            f"slices={s}: {len(log)} launches ({k:.1f} per slice; {dict(per)}), "
-            f"host time per call {med * 1e6:.0f} us (95% CI {lo * 1e6:.0f}-{hi * 1e6:.0f})"
+            f"slices={s}: {len(log)} launches ({len(log) / s:.1f} per slice; {dict(per)}); host time per "
+            f"call {c * 1e6:.0f} us CPU (95% CI {clo * 1e6:.0f}-{chi * 1e6:.0f}), "
+            f"{w * 1e6:.0f} us wall ({wlo * 1e6:.0f}-{whi * 1e6:.0f})"
         )
 
 
