@@ -32,7 +32,10 @@
 #                                 machine has 2 GPUs (skipped, with a line, otherwise)
 #   total                485 s    at most (+ 5 s of kill grace per step); a warm run is far shorter
 # Compiles: TRITON_CACHE_DIR is a fresh folder of the run (a cold cache), and each step's count of
-# new compiled kernels (.cubin files) is in the summary; the whole script's is the last line.
+# new compiled kernels (.cubin files) is in the summary; the whole script's is the last line. Sizes
+# and dtypes are runtime arguments of the kernels, so a codec compiles three kernels: 39 in all,
+# counted without a GPU by `python benchmarks/gpu_check_compiles.py` (every step's launches filed
+# under their GPU cache keys).
 # Timings (benchmarks/gpu_check.py): CUDA events around back-to-back calls queued behind a sleep
 # kernel (GPU time without launch gaps), median of repeats after a warm-up.
 #

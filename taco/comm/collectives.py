@@ -247,13 +247,15 @@ def all_reduce(
     `slices=k` pipelines exactly k slices (encoding slice i+1 and decoding slice i-1 overlap
     slice i's transfer; k is capped so that no slice splits a codec group). Default: the
     policy's `slices_for(bytes)`, without a policy up to 4 slices of >= 1 MiB each, the measured
-    best (numbers under `CommPolicy.slices`). Slicing never changes the result or the bytes.
+    best (numbers under `CommPolicy.slices`); one slice over NVLink-class links (`links.py`).
+    Slicing never changes the result or the bytes.
     """
     call = _Call("all_reduce", x, group, codec, site, policy)
     if slices is not None:
         k = slices
     else:
-        k = policy.slices_for(_bytes(x)) if policy is not None else default_slices(_bytes(x))
+        nb, dev = _bytes(x), x.device
+        k = policy.slices_for(nb, dev, group) if policy else default_slices(nb, device=dev, group=group)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"slices must be an int >= 1, got {slices!r}")
     algo = algo if algo is not None else policy.all_reduce_algo if policy is not None else "auto"

@@ -3,7 +3,8 @@
 Why this file exists: it is the only place that lays encoded chunks into uint8 buffers and moves
 them with stock torch.distributed collectives; `collectives.py` only chooses between this and
 the plain collective. Every payload travels as uint8 (gloo rejects float8), chunk i of a send
-buffer at a 4-byte aligned offset, and FP8 values are never summed: a rank decodes what it
+buffer at a 16-byte aligned offset (what the Triton kernels read and write without a copy, whatever
+the group count), and FP8 values are never summed: a rank decodes what it
 receives, sums in fp32 and, for all-reduce, re-encodes.
 
 The real path is the fused path: per slice and rank one `encode_chunks` (every destination chunk),
@@ -65,8 +66,13 @@ class Ctx:
             self.site.wire_bytes += nbytes
 
 
+ALIGN = 16
+"""byte alignment of every chunk in a send/receive buffer (docs/design.md 1.3)"""
+
+
 def aligned(nbytes: int) -> int:
-    return (nbytes + 3) & ~3
+    """`nbytes` rounded up to `ALIGN`: chunk offsets in a buffer stay 16-byte aligned."""
+    return (nbytes + ALIGN - 1) & ~(ALIGN - 1)
 
 
 def group_unit(codec: Codec) -> int:
@@ -168,26 +174,45 @@ class AllReduceSlice:
                 lo, hi = self.ranges[0][0], self.ranges[-1][0] + self.sizes[-1]
                 tmp = torch.empty(hi - lo, dtype=torch.float32, device=self.dst.device)
                 codec.decode_chunks(self.ag_recv, tmp, [(o - lo, k, b) for o, k, b in spans])
-                for o, k, _ in spans:
-                    self.dst[o : o + k].copy_(tmp[o - lo : o - lo + k])
+                place(self.dst, tmp, lo, spans)
             else:
                 ctx.codec.decode_chunks(self.ag_recv, self.dst, spans)
         ctx.give("ag.send", self.ag_send)
         ctx.give("ag.recv", self.ag_recv)
 
 
+def place(dst: torch.Tensor, tmp: torch.Tensor, lo: int, spans: list[Span]) -> None:
+    """dst[o : o + k] = tmp[o - lo : o - lo + k] for every span (o, k, _): one strided copy per run of
+    equal chunks at one stride (a slice's chunks but a shorter last one: at most two copies)."""
+    i = 0
+    while i < len(spans):
+        o, k, _ = spans[i]
+        d = spans[i + 1][0] - o if i + 1 < len(spans) else 0
+        j = i + 1
+        while j < len(spans) and spans[j][1] == k and spans[j][0] - spans[j - 1][0] == d:
+            j += 1
+        shape, stride = (j - i, k), (d, 1)
+        dst.as_strided(shape, stride, dst.storage_offset() + o).copy_(
+            tmp.as_strided(shape, stride, tmp.storage_offset() + o - lo)
+        )
+        i = j
+
+
 def slice_ranges(numel: int, world: int, slices: int, unit: int) -> list[list[tuple[int, int]]]:
     """Per slice, one (offset, size) range per rank: rank j's chunk cut into `slices` parts.
 
     Chunks (one per rank) and their parts start on multiples of `unit`, so every element keeps
-    its owner and its codec group whatever `slices` is; empty slices are dropped.
+    its owner and its codec group whatever `slices` is; empty slices are dropped. Every chunk is
+    cut at the same offsets (those of a full chunk; a shorter last chunk has shorter or empty
+    parts), so a slice's ranges lie at one stride: one kernel launch serves them all.
     """
     chunks = split_sizes(numel, world, unit)
     starts = [sum(chunks[:j]) for j in range(world)]
-    parts = [split_sizes(c, slices, unit) for c in chunks]
+    step = split_sizes(chunks[0], slices, unit)[0] if chunks[0] else 0
     out = []
     for s in range(slices):
-        ranges = [(starts[j] + sum(parts[j][:s]), parts[j][s]) for j in range(world)]
+        cut = s * step
+        ranges = [(start + min(cut, c), max(0, min(step, c - cut))) for start, c in zip(starts, chunks)]
         if any(size for _, size in ranges):
             out.append(ranges)
     return out

@@ -19,6 +19,7 @@ import torch
 from ..codec import Codec, NoneCodec, get_codec
 from ..codec.specs import parse_spec
 from .buffers import BufferCache
+from .links import nvlink_class
 from .stats import CommStats
 
 DEFAULT_SLICES = 4
@@ -58,8 +59,13 @@ def make_codec(spec: CodecSpec, options: dict[str, Any] | None = None) -> Codec 
     return None if isinstance(codec, NoneCodec) else codec
 
 
-def default_slices(nbytes: int, most: int = DEFAULT_SLICES, min_bytes: int = MIN_SLICE_BYTES) -> int:
-    """At most `most` slices of at least `min_bytes` each (1 for small messages)."""
+def default_slices(
+    nbytes: int, most: int = DEFAULT_SLICES, min_bytes: int = MIN_SLICE_BYTES, device=None, group=None
+) -> int:
+    """At most `most` slices of at least `min_bytes` each (1 for small messages); one over
+    NVLink-class links (`links.nvlink_class`, given the call's device and group)."""
+    if device is not None and nvlink_class(device, group):
+        return 1
     return max(1, min(most, nbytes // min_bytes))
 
 
@@ -162,9 +168,10 @@ class CommPolicy:
             return None
         return codec
 
-    def slices_for(self, nbytes: int) -> int:
-        """Slices of a compressed all-reduce of `nbytes` input bytes (same on every rank)."""
-        return default_slices(nbytes, self.slices, self.min_slice_bytes)
+    def slices_for(self, nbytes: int, device: torch.device | None = None, group=None) -> int:
+        """Slices of a compressed all-reduce of `nbytes` input bytes (same on every rank): one over
+        NVLink-class links (`links.nvlink_class`, given the call's device and group)."""
+        return default_slices(nbytes, self.slices, self.min_slice_bytes, device, group)
 
     def wants_size_check(self, device: torch.device) -> bool:
         return self.check_sizes if self.check_sizes is not None else device.type != "cuda"

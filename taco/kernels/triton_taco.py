@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from taco.codec.backend import KernelBackend
-from taco.codec.scales import scale_bytes
 
 from .triton_bits import (
     _bf16_bits,
@@ -103,8 +102,9 @@ def _dot(a, h, acc, FIRST: tl.constexpr):
 
 
 @triton.jit
-def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr):
-    """x [R, G] fp32 -> x @ H_G (unnormalised): exact products, fp32 accumulation."""
+def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT, DOT: tl.constexpr):
+    """x [R, G] fp32 -> x @ H_G (unnormalised): exact products, fp32 accumulation. NSPLIT: bf16 parts
+    of x (1, 2 or 3; a runtime value, so one kernel serves every input dtype)."""
     A: tl.constexpr = G // HB
     h = _sylvester(HB, DOT)
     xr = tl.reshape(x, (R * A, HB))
@@ -130,27 +130,47 @@ def _hadamard(x, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.
 
 
 @triton.jit
-def _rotate(x, sqrt_g, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT: tl.constexpr,
+def _rotate(x, sqrt_g, R: tl.constexpr, G: tl.constexpr, HB: tl.constexpr, NSPLIT,
             DOT: tl.constexpr):  # fmt: skip
     """x [R, G] -> x @ H_G / sqrt(G) (the reference's rounding: the exact product sums, then one division)."""
     return tl.div_rn(_hadamard(x, R, G, HB, NSPLIT, DOT), tl.full((R, G), 1.0, tl.float32) * sqrt_g)
 
 
 @triton.jit
-def _load_x(x_ptr, idx, n, IN: tl.constexpr):
-    """Input tile as fp32, zero-padded beyond n. IN: 0 fp32, 1 bf16 (given as int16 bits), 2 fp16."""
+def _load_x(x_ptr, idx, n, IN):
+    """Input tile as fp32, zero-padded beyond n, from the bytes at x_ptr. IN (a runtime value, so one
+    kernel serves every dtype): 0 fp32, 1 bf16 (read as uint16 bits), 2 fp16."""
     if IN == 1:
-        u = tl.load(x_ptr + idx, mask=idx < n, other=0).to(tl.uint16, bitcast=True)
-        return (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        u = tl.load(x_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx, mask=idx < n, other=0)
+        x = (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif IN == 2:
+        x = tl.load(x_ptr.to(tl.pointer_type(tl.float16), bitcast=True) + idx, mask=idx < n, other=0.0)
+        x = x.to(tl.float32)
     else:
-        return tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + idx, mask=idx < n, other=0.0)
+    return x
+
+
+@triton.jit
+def _store_y(y_ptr, idx, n, y, OUT):
+    """fp32 tile -> the bytes at y_ptr, beyond n untouched. OUT (runtime, as IN): 0 fp32, 1 bf16
+    (round-to-nearest-even bits), 2 fp16 (saturated: fp16 never overflows, finite_clamp; NaN stays)."""
+    if OUT == 1:
+        bits = _bf16_bits(_saturate(y, 3.3895313892515355e38)).to(tl.uint16, bitcast=True)  # bf16's largest
+        tl.store(y_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx, bits, mask=idx < n)
+    elif OUT == 2:
+        y = tl.where(y < -65504.0, -65504.0, y)
+        y = tl.where(y > 65504.0, 65504.0, y)
+        tl.store(y_ptr.to(tl.pointer_type(tl.float16), bitcast=True) + idx, y.to(tl.float16), mask=idx < n)
+    else:
+        tl.store(y_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + idx, y, mask=idx < n)
 
 
 @triton.jit
 def _encode_tile(
     x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    R: tl.constexpr, NSPLIT, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
     SIGNS: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     """Encode a [R, G] fp32 tile of groups `rows` (docs/design.md 1.1 steps 1-4, or the one-scale codecs).
@@ -234,56 +254,75 @@ def _decode_tile(
 
 
 # -- kernels --------------------------------------------------------------------------------------
+# Sizes, offsets, strides, the dtypes in and out (IN, OUT, OWN_IN, SUM_OUT, with NSPLIT) and the
+# decode-sum-encode's SUM/ENC are runtime arguments, never specialized on (`_RUNTIME`; tensors are
+# passed as their bytes), so one compiled kernel per codec serves every message length and dtype.
+# Chunk c of a launch (grid axis 1) is chunk j = c, or c + 1 from `skip` on, of a progression:
+# elements e0 + j * estride of the flat tensor, min(q, n_end - e) of them, encoded at byte
+# c * bstride of the buffer (payload, then its scale words: `_chunk`).
+_RUNTIME = ["e0", "estride", "skip", "bstride", "q", "n_end", "stride", "nterms", "own_index", "n", "ng",
+            "IN", "NSPLIT", "OUT", "SUM", "SUM_OUT", "ENC", "OWN_IN"]
+
+
 @triton.jit
+def _chunk(e0, estride, skip, bstride, q, n_end, G: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr):
+    """(element offset, numel, groups, byte offset, scale-word offset) of this program's chunk."""
+    c = tl.program_id(1)
+    j = (c + (c >= skip).to(tl.int32)).to(tl.int64)
+    e = tl.multiple_of(e0 + j * estride, G)  # chunks start on group boundaries (host-checked)
+    n = tl.minimum(n_end - e, q)
+    ng = ((n + (G - 1)) // G).to(tl.int32)
+    bo = tl.multiple_of(c.to(tl.int64) * bstride, 16)
+    return e, n, ng, bo, (bo + ng.to(tl.int64) * PB) // SB
+
+
+@triton.jit(do_not_specialize=_RUNTIME)
 def _encode_kernel(
-    x_ptr, q_ptr, s0_ptr, s1_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
+    x_ptr, q_ptr, w_ptr, e0, estride, skip, bstride, q, n_end, fmax, lam, target, qmax, sqrt_g, IN, NSPLIT,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, NSPLIT: tl.constexpr, DOT: tl.constexpr, IN: tl.constexpr, BITS: tl.constexpr,
-    SFMT: tl.constexpr, SIGNS: tl.constexpr, PICK: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
+    e, n, ng, bo, so = _chunk(e0, estride, skip, bstride, q, n_end, G, PB, SB)
+    xc, qc, s0 = x_ptr + e * tl.where(IN == 0, 4, 2), q_ptr + bo, w_ptr + so  # x_ptr: bytes
+    for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
-        x = _load_x(x_ptr, idx, n, IN)
-        _encode_tile(x, rows, ng, q_ptr, s0_ptr, s1_ptr, fmax, lam, target, qmax, sqrt_g,
+        x = _load_x(xc, idx, n, IN)
+        _encode_tile(x, rows, ng, qc, s0, s0 + ng, fmax, lam, target, qmax, sqrt_g,
                      KIND, ROTATE, FMT, G, HB, R, NSPLIT, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME)
 def _decode_kernel(
-    q_ptr, s0_ptr, s1_ptr, y_ptr, n, ng, sqrt_g,
+    q_ptr, w_ptr, y_ptr, e0, estride, skip, bstride, q, n_end, sqrt_g, OUT,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
-    SIGNS: tl.constexpr, PICK: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr,
+    SIGNS: tl.constexpr, PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
+    e, n, ng, bo, so = _chunk(e0, estride, skip, bstride, q, n_end, G, PB, SB)
+    qc, s0, yc = q_ptr + bo, w_ptr + so, y_ptr + e * tl.where(OUT == 0, 4, 2)  # y_ptr: bytes
+    for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
-        y = _decode_tile(
-            q_ptr, s0_ptr, s1_ptr, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK
-        )
-        if OUT == 1:
-            tl.store(y_ptr + idx, _bf16_bits(_saturate(y, 3.3895313892515355e38)), mask=idx < n)
-        elif OUT == 2:  # fp16 never overflows (finite_clamp); NaN stays NaN
-            y = tl.where(y < -65504.0, -65504.0, y)
-            y = tl.where(y > 65504.0, 65504.0, y)
-            tl.store(y_ptr + idx, y.to(tl.float16), mask=idx < n)
-        else:
-            tl.store(y_ptr + idx, y, mask=idx < n)
+        y = _decode_tile(qc, s0, s0 + ng, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT,
+                         SIGNS, PICK)  # fmt: skip
+        _store_y(yc, idx, n, y, OUT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME)
 def _decode_sum_encode_kernel(
-    q_ptr, s0_ptr, s1_ptr, q_stride, s_stride, nterms, own_ptr, own_index,
-    oq_ptr, os0_ptr, os1_ptr, sum_ptr, n, ng, fmax, lam, target, qmax, sqrt_g,
+    q_ptr, w_ptr, stride, nterms, own_ptr, own_index, oq_ptr, ow_ptr, sum_ptr, n, ng,
+    fmax, lam, target, qmax, sqrt_g, SUM, SUM_OUT, ENC, OWN_IN,
     KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
-    R: tl.constexpr, DOT: tl.constexpr, SUM: tl.constexpr, SUM_OUT: tl.constexpr, ENC: tl.constexpr,
-    OWN_IN: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr, PICK: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr, PB: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    for tile in range(pid, tl.cdiv(ng, R), tl.num_programs(0)):
+    """Chunk k's payload at byte k * stride of q_ptr, its scale words at (k * stride + ng * PB) / SB of
+    w_ptr (the same buffer); the re-encoded sum the same way at oq_ptr / ow_ptr (byte 0). own_ptr and
+    sum_ptr: bytes, of the dtypes OWN_IN and SUM_OUT say; SUM, ENC: store the sum, encode it."""
+    so = ng.to(tl.int64) * PB // SB
+    for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
         acc = tl.zeros((R, G), tl.float32)
@@ -292,20 +331,23 @@ def _decode_sum_encode_kernel(
                 y = _load_x(own_ptr, idx, n, OWN_IN)
             else:
                 k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
-                y = _decode_tile(q_ptr + k * q_stride, s0_ptr + k * s_stride, s1_ptr + k * s_stride, rows, ng,
-                                 sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS,
-                                 PICK)  # fmt: skip
+                s0 = w_ptr + (k * stride) // SB + so
+                y = _decode_tile(q_ptr + k * stride, s0, s0 + ng, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB,
+                                 R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
             y = tl.where(idx < n, y, 0.0)
             acc = tl.where(t == 0, y, acc + y)
         if SUM:
-            if SUM_OUT == 1:
-                tl.store(sum_ptr + idx, _bf16_bits(acc), mask=idx < n)
-            elif SUM_OUT == 2:
-                tl.store(sum_ptr + idx, acc.to(tl.float16), mask=idx < n)
+            if SUM_OUT == 1:  # bf16: round to nearest even
+                tl.store(sum_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx,
+                         _bf16_bits(acc).to(tl.uint16, bitcast=True), mask=idx < n)  # fmt: skip
+            elif SUM_OUT == 2:  # fp16: the plain collective's cast (inf beyond 65504)
+                tl.store(sum_ptr.to(tl.pointer_type(tl.float16), bitcast=True) + idx, acc.to(tl.float16),
+                         mask=idx < n)  # fmt: skip
             else:
-                tl.store(sum_ptr + idx, acc, mask=idx < n)
+                tl.store(sum_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + idx, acc, mask=idx < n)
         if ENC:
-            _encode_tile(acc, rows, ng, oq_ptr, os0_ptr, os1_ptr, fmax, lam, target, qmax, sqrt_g,
+            os0 = ow_ptr + so
+            _encode_tile(acc, rows, ng, oq_ptr, os0, os0 + ng, fmax, lam, target, qmax, sqrt_g,
                          KIND, ROTATE, FMT, G, HB, R, 3, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
 
 
@@ -327,11 +369,24 @@ def supports(codec, device: torch.device) -> bool:
     return ok_dev and ok and getattr(codec, "scale_fmt", "fp32") in _SFMT and codec.group_size <= 512
 
 
+TILE = int(os.environ.get("TACO_TRITON_TILE", "2048"))
+"""elements per tile (R * G), read once at import"""
+LAUNCH = {
+    "encode": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "decode": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "decode_sum_encode": dict(num_warps=8, num_stages=1),
+}
+"""launch options per kernel, from `benchmarks/kernel_resources.py --arch sm_90` (each variant
+compiled for sm_90: registers and spills; docs/design.md 1.3). Eight warps on half the tiles of
+four: a tile's values spread over twice the threads. One stage: the tile loop carries no loads
+worth prefetching (each tile is read once) and more stages only hold registers and shared memory.
+The decode-sum-encode has no register cap: capped at 168 it spills more than at its natural 255."""
+
+
 def _geometry(g: int) -> tuple[int, int]:
-    """(HB, R): Hadamard block (<= 128) and groups per tile (R * G = TACO_TRITON_TILE elements)."""
+    """(HB, R): Hadamard block (<= 128) and groups per tile (R * G = TILE elements)."""
     hb = min(g, 128)
-    r = max(int(os.environ.get("TACO_TRITON_TILE", "4096")) // g, 16 * hb // g, 1)
-    return hb, r
+    return hb, max(TILE // g, 16 * hb // g, 1)
 
 
 @functools.lru_cache(maxsize=16)
@@ -339,27 +394,60 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _grid(ng: int, r: int, device: torch.device) -> tuple[int]:
-    """Persistent launch: at most 4 programs per SM (4 in the interpreter), each looping over tiles."""
-    tiles = triton.cdiv(ng, r)
+def _grid(tiles: int, chunks: int, device: torch.device) -> tuple[int, int]:
+    """Persistent launch, (programs per chunk, chunks): about 4 programs per SM in all (4 in the
+    interpreter), each looping over its chunk's tiles."""
     if device.type != "cuda":
-        return (max(1, min(tiles, 4)),)
+        return (max(1, min(tiles, 4)), chunks)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return (max(1, min(tiles, 4 * _sm_count(index))),)
+    return (max(1, min(tiles, -(-4 * _sm_count(index) // chunks))), chunks)
 
 
-def _x_arg(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    if x.dtype == torch.bfloat16:
-        return x.view(torch.int16), 1
-    return x, (2 if x.dtype == torch.float16 else 0)
+def _bytes(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A flat contiguous fp32/bf16/fp16 tensor as (its bytes, its dtype code: 0 fp32, 1 bf16, 2 fp16)."""
+    return t.view(torch.uint8), _OUT[t.dtype]
 
 
-def _y_arg(y: torch.Tensor) -> torch.Tensor:
-    return y.view(torch.int16) if y.dtype == torch.bfloat16 else y
+Progression = tuple[int, int, int, int, int, int, int, int]
+"""(k, e0, estride, skip, b0, bstride, q, n_end): chunk c = 0..k-1 holds the elements from
+e = e0 + j * estride on (j = c, or c + 1 from `skip` on), min(q, n_end - e) of them, at byte
+b0 + c * bstride."""
+
+
+def progression(spans, g: int, nbytes) -> Progression | None:
+    """The spans ((element offset, numel, byte offset) each) as one `Progression`, or None.
+
+    What one launch serves: every chunk starts on a group boundary, chunks of q elements but the
+    last (<= q) at a constant element stride with at most one position skipped (the own chunk of an
+    all-to-all), at a constant byte stride, 16-byte aligned, none overlapping. Checked by rebuilding
+    every span from the parameters (remembered per spans: a collective repeats the same ones)."""
+    spans = tuple(spans)
+    return _progression(spans, g, nbytes(spans[0][1]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _progression(spans: tuple, g: int, qbytes: int) -> Progression | None:
+    (e0, q, b0), k = spans[0], len(spans)
+    if k == 1:
+        est, skip, bst = 0, 1, 0
+    else:
+        steps = [spans[i + 1][0] - spans[i][0] for i in range(k - 1)]
+        est, bst = min(steps), spans[1][2] - b0
+        skip = next((i + 1 for i, d in enumerate(steps) if d != est), k)
+    end = spans[-1][0] + spans[-1][1]
+    if e0 % g or est % g or b0 % 16 or bst % 16 or (k > 1 and (est < q or bst < qbytes)):
+        return None
+    for i, (eo, n, bo) in enumerate(spans):
+        e = e0 + (i + (i >= skip)) * est
+        if (eo, n, bo) != (e, min(q, end - e), b0 + i * bst) or n < 1:
+            return None
+    return k, e0, est, skip, b0, bst, q, end
 
 
 class _Spec:
-    """Kernel parameters of one codec configuration."""
+    """Kernel parameters of one codec configuration (built once per codec: `of`)."""
+
+    _cache: dict[str, _Spec] = {}
 
     def __init__(
         self, kind: str, g: int, rotate: bool, fp8=None, fmax=0.0, lam=0.0, target=1.0, qmax=0.0,
@@ -373,9 +461,23 @@ class _Spec:
         self.fmax, self.lam, self.target, self.qmax = float(fmax), float(lam), float(target), float(qmax)
         self.hb, self.r = _geometry(g)
         self.sqrt_g = math.sqrt(g)
+        self.pb, self.sb = g * bits // 8, _SCALE_DTYPE[sfmt].itemsize  # bytes per group's payload, scale
+        self.sdtype = _SCALE_DTYPE[sfmt]
+        self._consts = dict(
+            KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
+            BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs, PICK=self.pick, PB=self.pb, SB=self.sb,
+        )  # fmt: skip
 
     @classmethod
     def of(cls, codec) -> _Spec:
+        """The codec's spec, built once per `codec.spec` (which names every option)."""
+        sp = cls._cache.get(codec.spec)
+        if sp is None:
+            sp = cls._cache[codec.spec] = cls._build(codec)
+        return sp
+
+    @classmethod
+    def _build(cls, codec) -> _Spec:
         fam, g, sf = codec.family, codec.group_size, codec.scale_fmt
         if fam == "taco":
             return cls("taco", g, True, codec.fmt.dtype, codec.fmt.fmax, codec.lam, codec.target, sfmt=sf)
@@ -385,27 +487,33 @@ class _Spec:
         return cls("int", g, codec.rotate, qmax=codec.qmax, bits=codec.bits, sfmt=sf, signs=signs)
 
     def consts(self) -> dict:
-        return dict(
-            KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
-            BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs, PICK=self.pick,
-        )  # fmt: skip
+        return self._consts
 
-    def encode(self, x: torch.Tensor, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None) -> None:
-        """x: flat input (n elements) -> q (uint8 view, ng*G), s0/s1 (fp32, ng) on the same device."""
-        n, ng = x.numel(), triton.cdiv(x.numel(), self.g)
-        xa, in_code = _x_arg(x)
+    def words(self, buf: torch.Tensor) -> torch.Tensor:
+        """uint8 `buf` (aligned to a scale word) read as scale words from its byte 0."""
+        return buf[: buf.numel() // self.sb * self.sb].view(self.sdtype)
+
+    def tiles(self, q: int) -> int:
+        return -(-q // (self.g * self.r))
+
+    def encode(self, x: torch.Tensor, buf: torch.Tensor, pr: Progression) -> None:
+        """The chunks of flat x that `pr` names -> their wire bytes at their offsets of uint8 `buf`."""
+        k, e0, est, skip, b0, bst, q, end = pr
+        xb, in_code = _bytes(x)
         nsplit = 3 if self.kind == 0 else _NSPLIT[x.dtype]
-        _encode_kernel[_grid(ng, self.r, x.device)](
-            xa, q, s0, s0 if s1 is None else s1, n, ng, self.fmax, self.lam, self.target, self.qmax,
-            self.sqrt_g, NSPLIT=nsplit, IN=in_code, **self.consts(),
+        out = buf[b0:]
+        _encode_kernel[_grid(self.tiles(q), k, x.device)](
+            xb, out, self.words(out), e0, est, skip, bst, q, end, self.fmax, self.lam, self.target, self.qmax,
+            self.sqrt_g, in_code, nsplit, **self._consts, **LAUNCH["encode"],
         )  # fmt: skip
 
-    def decode(self, q: torch.Tensor, s0: torch.Tensor, s1: torch.Tensor | None, y: torch.Tensor) -> None:
-        """q, s0, s1 of ng groups -> the first y.numel() values into flat y (fp32/bf16/fp16)."""
-        ng = s0.numel()
-        _decode_kernel[_grid(ng, self.r, y.device)](
-            q, s0, s0 if s1 is None else s1, _y_arg(y), y.numel(), ng, self.sqrt_g,
-            OUT=_OUT[y.dtype], **self.consts(),
+    def decode(self, buf: torch.Tensor, y: torch.Tensor, pr: Progression) -> None:
+        """The chunks of uint8 `buf` that `pr` names -> their elements of flat y (fp32/bf16/fp16)."""
+        k, e0, est, skip, b0, bst, q, end = pr
+        src = buf[b0:]
+        _decode_kernel[_grid(self.tiles(q), k, y.device)](
+            src, self.words(src), *_bytes(y)[:1], e0, est, skip, bst, q, end, self.sqrt_g, _OUT[y.dtype],
+            **self._consts, **LAUNCH["decode"],
         )  # fmt: skip
 
 
@@ -414,17 +522,9 @@ def _aligned(buf: torch.Tensor) -> bool:
     return buf.data_ptr() % 16 == 0
 
 
-def _views(codec, buf: torch.Tensor, ng: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(payload uint8, s_0, s_1 or None) views of one 16-byte-aligned chunk; the scales as fp32,
-    int16 (bf16 bits) or uint8 (e8m0) words. The payload, ng * G * BITS / 8 bytes, is a multiple
-    of 4 (G >= 32), so every scale word is aligned."""
-    p, sb = ng * codec.group_size * codec.bits // 8, codec.scale_bytes
-    f = buf[p : p + sb * ng * codec.n_scales].view(_SCALE_DTYPE[codec.scale_fmt])
-    return buf[:p], f[:ng], (f[ng : 2 * ng] if codec.n_scales == 2 else None)
-
-
 class TritonBackend(KernelBackend):
-    """The Triton kernels: one launch per encode, decode or decode-sum-encode (docs/design.md 1.3)."""
+    """The Triton kernels: one launch per encode, decode or decode-sum-encode, and one per
+    `encode_chunks`/`decode_chunks` whose chunks form a `progression` (docs/design.md 1.3)."""
 
     name = "triton"
 
@@ -433,37 +533,50 @@ class TritonBackend(KernelBackend):
 
     def encode(self, codec, x: torch.Tensor, out: torch.Tensor) -> None:
         dst = out if _aligned(out) else torch.empty_like(out)
-        _Spec.of(codec).encode(x.contiguous(), *_views(codec, dst, codec.groups(x.numel())))
+        n = x.numel()
+        _Spec.of(codec).encode(x.contiguous(), dst, (1, 0, 0, 1, 0, 0, n, n))
         if dst is not out:
             out.copy_(dst)
 
     def decode(self, codec, buf: torch.Tensor, y: torch.Tensor) -> None:
         buf = buf if _aligned(buf) else buf.clone()
-        _Spec.of(codec).decode(*_views(codec, buf, codec.groups(y.numel())), y)
+        n = y.numel()
+        _Spec.of(codec).decode(buf, y, (1, 0, 0, 1, 0, 0, n, n))
+
+    def encode_chunks(self, codec, x: torch.Tensor, out: torch.Tensor, spans) -> None:
+        pr = progression(spans, codec.group_size, codec.nbytes) if _aligned(out) else None
+        if pr is None or not x.is_contiguous():
+            return super().encode_chunks(codec, x, out, spans)
+        _Spec.of(codec).encode(x, out, pr)
+
+    def decode_chunks(self, codec, buf: torch.Tensor, y: torch.Tensor, spans) -> None:
+        pr = progression(spans, codec.group_size, codec.nbytes) if _aligned(buf) else None
+        if pr is None or not y.is_contiguous():
+            return super().decode_chunks(codec, buf, y, spans)
+        _Spec.of(codec).decode(buf, y, pr)
 
     def decode_sum_encode(self, codec, bufs, stride, nchunks, numel, own, own_index, out, sum_out) -> None:
         sp = _Spec.of(codec)
-        if stride % 4 or not _aligned(bufs):  # chunk k's scales are read as fp32 at k * stride
-            size = codec.nbytes(numel)
-            bufs = torch.cat([bufs[k * stride : k * stride + size] for k in range(nchunks)])
-            stride = size
+        if stride % 16 or not _aligned(bufs):  # chunk k's scale words are read at k * stride
+            size = codec.nbytes(numel)  # (chunks of the collectives lie 16-byte aligned: no copy)
+            step = -(-size // 16) * 16
+            packed = torch.empty(step * nchunks, dtype=torch.uint8, device=bufs.device)
+            for k in range(nchunks):
+                packed[k * step : k * step + size].copy_(bufs[k * stride : k * stride + size])
+            bufs, stride = packed, step
         dst = None if out is None else out if _aligned(out) else torch.empty_like(out)
         ng = codec.groups(numel)
-        q, s0, s1 = _views(codec, bufs, ng)
-        oq, os0, os1 = (q, s0, s1) if dst is None else _views(codec, dst, ng)
         nterms = nchunks + (own is not None)
-        if own is None:
-            own_arg, own_in, own_index = s0, 0, nterms  # never reached
-        else:
-            own_arg, own_in = _x_arg(own.contiguous())
-        sum_arg = s0 if sum_out is None else _y_arg(sum_out)
-        _decode_sum_encode_kernel[_grid(ng, sp.r, bufs.device)](
-            q, s0, s0 if s1 is None else s1, stride, stride // scale_bytes(codec.scale_fmt), nterms, own_arg,
-            own_index,
-            oq, os0, os0 if os1 is None else os1, sum_arg,
-            numel, ng, sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g,
-            SUM=sum_out is not None, SUM_OUT=0 if sum_out is None else _OUT[sum_out.dtype],
-            ENC=dst is not None, OWN_IN=own_in, **sp.consts(),
+        # the tensors a variant does not use are stood for by `bufs` (never read or written)
+        own_arg, own_in = (bufs, 0) if own is None else _bytes(own.contiguous())
+        own_index = nterms if own is None else own_index
+        sum_arg, sum_code = (bufs, 0) if sum_out is None else _bytes(sum_out)
+        words = sp.words(bufs)
+        oq, ow = (bufs, words) if dst is None else (dst, sp.words(dst))
+        _decode_sum_encode_kernel[_grid(sp.tiles(numel), 1, bufs.device)](
+            bufs, words, stride, nterms, own_arg, own_index, oq, ow, sum_arg, numel, ng,
+            sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g, int(sum_out is not None), sum_code,
+            int(dst is not None), own_in, **sp.consts(), **LAUNCH["decode_sum_encode"],
         )  # fmt: skip
         if dst is not None and dst is not out:
             out.copy_(dst)
