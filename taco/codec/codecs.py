@@ -11,6 +11,7 @@
 | int8-hadamard | Hadamard + int8, one scale per group                      | 1 + 4/G            |
 | intB-hadamard | Hadamard + B-bit ints, B = 2..7, bit-packed (int6: 4 codes in 3 bytes) | B/8 + 4/G |
 | int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
+| mxfp8-e4m3 .. mxfp4, nvfp4 | the hardware block formats (`taco.codec.mx`) | 1.03 .. 0.53   |
 
 The intB-hadamard codecs take `signs=True`: the randomized Hadamard (a fixed +-1 diagonal before
 the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation;
@@ -37,6 +38,7 @@ from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips, signed_hadamard
+from .mx import MX_CODECS
 from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
@@ -379,6 +381,7 @@ CODECS: dict[str, type[Codec]] = {
         TacoCodec,
         Taco1sCodec,
         *INT_HADAMARD.values(),
+        *MX_CODECS.values(),
     )
 }
 
