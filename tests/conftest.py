@@ -22,3 +22,15 @@ def corpus(tmp_path_factory):
     (d / "play.txt").write_text(TEXT)
     prepare_text(d / "play.txt", d / "cache", vocab_size=300, progress=lambda *a: None)
     return d / "play.txt", d / "cache"
+
+
+
+@pytest.fixture
+def legacy_int_defaults(monkeypatch):
+    """Tests of wire layouts and kernels written against the intB-hadamard settings before the
+    measured defaults (`tests.legacy_defaults`), for codecs built in this process; rank bodies call
+    `tests.legacy_defaults.pin()` themselves. The defaults are tested in tests/test_codec_defaults.py."""
+    from tests.legacy_defaults import LEGACY_INT_DEFAULTS, classes
+
+    for cls in classes():
+        monkeypatch.setattr(cls, "DEFAULTS", dict(LEGACY_INT_DEFAULTS))

@@ -127,7 +127,7 @@ def test_decide_respects_the_floor_and_the_budget():
             assert e["sqnr_db"] >= floor and e["bytes_per_elem"] <= cap
             assert e["codec"] == min(ok, key=score)["codec"], (floor, budget, e)
     assert {e["codec"] for e in decide(samples, defaults, cands, 28.0, 0.8).values()} == {
-        "int6-hadamard(group_size=128)"
+        "int6-hadamard(group_size=64,signs=auto,scale_fmt=bf16)"
     }
     with pytest.raises(ValueError, match="site 'a.fwd'.*max_bytes_per_elem=0.5"):
         decide(samples, defaults, cands, -math.inf, 0.5)

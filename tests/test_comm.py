@@ -341,7 +341,8 @@ def test_policy_codec_for_without_distributed():
     assert p.codec_for("layers.0.mlp.down.fwd", 1000, torch.bfloat16) is None
     assert p.codec_for("x", 49, torch.bfloat16) is None and p.codec_for("x", 50, torch.bfloat16) is not None
     assert p.codec_for(None, 10**6, torch.float32) is not None
-    assert tc.make_codec("int8-hadamard(group_size=32)").spec == "int8-hadamard(group_size=32)"
+    want = "int8-hadamard(group_size=32,signs=auto,scale_fmt=bf16)"  # every option spelled out
+    assert tc.make_codec("int8-hadamard(group_size=32)").spec == want
     d = tc.CommPolicy()
     assert d.slices == 4 and d.slices_for(100) == 1
     assert d.slices_for(3 << 20) == 3 and d.slices_for(1 << 30) == 4
@@ -362,14 +363,13 @@ def test_site_codec_override_wins_over_globs():
     p = tc.CommPolicy(codec="taco", overrides={"*.down.*": None})
     p.set_site_codec("layers.0.mlp.down.fwd", "int8-hadamard", {"group_size": 64})
     p.set_site_codec("layers.1.attn.out.fwd", "none")
-    assert p.codec_for("layers.0.mlp.down.fwd", 1000, torch.float32).spec == "int8-hadamard(group_size=64)"
+    want = "int8-hadamard(group_size=64,signs=auto,scale_fmt=bf16)"
+    assert p.codec_for("layers.0.mlp.down.fwd", 1000, torch.float32).spec == want
     assert p.codec_for("layers.1.mlp.down.fwd", 1000, torch.float32) is None  # the glob still applies
     assert p.codec_for("layers.1.attn.out.fwd", 1000, torch.float32) is None
     assert p.codec_for("layers.2.attn.out.fwd", 1000, torch.float32).spec.startswith("taco")
-    assert p.site_codecs() == {
-        "layers.0.mlp.down.fwd": "int8-hadamard(group_size=64)", "layers.1.attn.out.fwd": "none"
-    }
-    assert "layers.0.mlp.down.fwd: int8-hadamard(group_size=64)" in p.describe()
+    assert p.site_codecs() == {"layers.0.mlp.down.fwd": want, "layers.1.attn.out.fwd": "none"}
+    assert f"layers.0.mlp.down.fwd: {want}" in p.describe()
 
 
 def _observer_body(rank: int, world: int) -> list:

@@ -28,6 +28,8 @@ from tests.test_kernels_native_intn import assert_dsum_identical, dsum_outputs
 pytestmark = [
     pytest.mark.skipif(native.library() is None, reason="no C compiler: native kernels not built"),
     pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning"),
+    # written against the intB-hadamard settings before the measured defaults (conftest.py)
+    pytest.mark.usefixtures("legacy_int_defaults"),
 ]
 
 

@@ -349,11 +349,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--range", action="store_true", help="add the 1e-30..1e30 extreme-range table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write the results to this JSON file")
+    p.add_argument(
+        "--frontier",
+        action="store_true",
+        help="SQNR vs bytes/elem of every project codec and hardware format (MXFP8/6/4, NVFP4) on --tensors "
+        "(comma-separated capture folders) and synthetic sets, with the rate-distortion bound",
+    )
+    p.add_argument("--markdown", default="", help="--frontier: also write the tables to this Markdown file")
+    p.add_argument("--plot", default="", help="--frontier: write the SQNR vs bytes/elem plot (PNG) here")
+    p.add_argument("--docs", default="", help="--frontier: write the tables into this page's frontier region")
 
 
 @cli_entry("taco bench codec")
 def run_codec(args: argparse.Namespace) -> int:
     """Entry point of `taco bench codec`: print the tables, write --json; returns the exit code."""
+    if args.frontier:
+        from .frontier import run_frontier
+
+        return run_frontier(args)
     result = run(args)
     print_tables(result)
     if args.json:

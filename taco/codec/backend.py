@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as Fn
+from . import search
 from .base import finite_clamp
 from .formats import pack_bits, unpack_bits
 from .scales import to_bytes
@@ -146,6 +147,7 @@ EAGER = GroupFnBackend(
         "taco": (Fn.taco_encode, Fn.taco_decode),
         "fp8": (Fn.fp8_encode, Fn.fp8_decode),
         "int": (Fn.int_encode, Fn.int_decode),
+        "int-mse": (search.int_mse_encode, search.int_mse_decode),
     },
 )
 _REGISTRY: dict[str, KernelBackend] = {"eager": EAGER}

@@ -11,6 +11,7 @@
 | int8-hadamard | Hadamard + int8, one scale per group                      | 1 + 4/G            |
 | intB-hadamard | Hadamard + B-bit ints, B = 2..7, bit-packed (int6: 4 codes in 3 bytes) | B/8 + 4/G |
 | int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
+| mxfp8-e4m3 .. mxfp4, nvfp4 | the hardware block formats (`taco.codec.mx`) | 1.03 .. 0.53   |
 
 The intB-hadamard codecs take `signs=True`: the randomized Hadamard (a fixed +-1 diagonal before
 the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation;
@@ -37,6 +38,7 @@ from . import functional as Fn
 from .base import Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips
+from .mx import MX_CODECS
 from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
@@ -299,18 +301,32 @@ class IntHadamardCodec(IntGroupCodec):
     inverse; `hadamard.sign_flips`), which spreads groups the plain rotation concentrates (constant or
     Walsh-like groups); "auto", per group the one of the two with the smaller scale (finer grid), the
     choice carried by the sign of the group's scale (same bytes; fp32 or bf16 scales, which have a
-    sign bit; docs/design.md 1.2)."""
+    sign bit; docs/design.md 1.2). `scale_search`: "absmax", the group's absmax / qmax; "mse", per
+    group the scale (and, with signs="auto", the rotation) of least squared error among fractions of
+    absmax (`taco.codec.search`; the eager reference serves it, the fused kernels do not yet).
+
+    Defaults (`DEFAULTS`, chosen on captured TP tensors, docs/design.md 1.2): G = 64 with bf16 scales
+    (the bytes of G = 128 with fp32 ones: B/8 + 1/32 per element) and signs="auto"; int4 adds the
+    least-squares scale. Options left out take these; a spec prints every option explicitly."""
 
     rotate = True
+    DEFAULTS = {"group_size": 64, "scale_fmt": "bf16", "signs": "auto", "scale_search": "absmax"}
+    SEARCHES = ("absmax", "mse")
 
     def __init__(
         self,
-        group_size: int = 128,
+        group_size: int | None = None,
         axis: int = -1,
         backend: str = "auto",
-        scale_fmt: str = "fp32",
-        signs: bool | str = False,
+        scale_fmt: str | None = None,
+        signs: bool | str | None = None,
+        scale_search: str | None = None,
     ) -> None:
+        d = self.DEFAULTS
+        group_size = d["group_size"] if group_size is None else group_size
+        scale_fmt = d["scale_fmt"] if scale_fmt is None else scale_fmt
+        if signs is None:  # the default rotation choice needs a sign bit in the scale: not e8m0's
+            signs = d["signs"] if scale_fmt != "e8m0" or d["signs"] != "auto" else False
         if isinstance(signs, str) and signs.lower() == "auto":
             signs = "auto"
             if scale_fmt == "e8m0":
@@ -320,11 +336,18 @@ class IntHadamardCodec(IntGroupCodec):
                 )
         elif not isinstance(signs, bool):
             raise TypeError(f"{self.name}: signs must be a bool or 'auto', got {signs!r}")
+        scale_search = d["scale_search"] if scale_search is None else scale_search
+        if scale_search not in self.SEARCHES:
+            raise ValueError(f"{self.name}: scale_search={scale_search!r}: use one of {list(self.SEARCHES)}")
         self.signs = signs
+        self.scale_search = scale_search
+        self.family = "int-mse" if scale_search == "mse" else "int"
         super().__init__(group_size, axis, backend, scale_fmt)
+        search = f",scale_search={scale_search}" if "mse" in (scale_search, d["scale_search"]) else ""
+        self.spec = f"{self.name}({self._options()},scale_fmt={self.scale_fmt}{search})"
 
     def _options(self) -> str:
-        return super()._options() + ("" if self.signs is False else f",signs={self.signs}")
+        return super()._options() + f",signs={self.signs}"
 
     def _args(self, device: torch.device) -> tuple:
         if self.signs == "auto":
@@ -348,11 +371,19 @@ class Int8HadamardCodec(IntHadamardCodec):
 
 
 class Int4HadamardCodec(IntHadamardCodec):
-    """Hadamard rotation + per-group absmax INT4 in packed nibbles, for DP/PP traffic."""
+    """Hadamard rotation + per-group INT4 in packed nibbles, least-squares scales (0.53 B/elem)."""
 
     name = "int4-hadamard"
     bits = 4
     qmax = 7
+    DEFAULTS = {**IntHadamardCodec.DEFAULTS, "scale_search": "mse"}
+
+
+class Int4Hadamard32Codec(Int4HadamardCodec):
+    """int4-hadamard at NVFP4's 0.5625 B/elem: groups of 32 with bf16 scales, least-squares scales."""
+
+    name = "int4-hadamard-g32"
+    DEFAULTS = {**Int4HadamardCodec.DEFAULTS, "group_size": 32}
 
 
 def _int_hadamard(bits: int) -> type[IntHadamardCodec]:
@@ -379,6 +410,8 @@ CODECS: dict[str, type[Codec]] = {
         TacoCodec,
         Taco1sCodec,
         *INT_HADAMARD.values(),
+        Int4Hadamard32Codec,
+        *MX_CODECS.values(),
     )
 }
 

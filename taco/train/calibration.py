@@ -33,11 +33,12 @@ if TYPE_CHECKING:
 
 CALIBRATION_FILE = "calibration.json"
 VERSION = 1
-EXTRA_CANDIDATES = ("int8-hadamard", "int6-hadamard(group_size=64,scale_fmt=bf16,signs=auto)")
-"""Default candidates besides the tp_codec grid. Measured on the demo (4 steps, 18 sites), every site
-picks int8-hadamard: 43.7 dB mean SQNR at 1.031 B/elem against taco's 31.8 dB at 1.0625; int6 with
-the per-group rotation choice (0.78 B/elem, 0.5-2 dB above taco on captured TP tensors) is the choice
-under a budget below 1.03 (docs/design.md 1.1, 1.2)."""
+EXTRA_CANDIDATES = ("int8-hadamard", "int6-hadamard")
+"""Default candidates besides the tp_codec grid, each width's default (G = 64, bf16 scales, the
+per-group rotation choice: the settings that lead at their bytes on captured TP tensors, docs/design.md
+1.2). Measured on the demo (4 steps, 18 sites), every site picks int8-hadamard: 43.7 dB mean SQNR at
+1.031 B/elem against taco's 31.8 dB at 1.0625; int6-hadamard (0.78 B/elem, 32.9 dB, 1.7 dB above
+MXFP6) is the choice under a budget below 1.03."""
 BYTES_KEYS = ("bytes_per_elem", "default_bytes_per_elem")
 SAMPLE_MAX_ELEMS = 1 << 18
 """A sample of more elements keeps a slice of its dim 1 (dims 0 and -1, the grouping axes, stay

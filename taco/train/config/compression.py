@@ -76,8 +76,8 @@ class CompressionConfig(_Section):
     calibrate_candidates: list[str] = field(default_factory=list, metadata={"doc": (
         'Codec specs calibration chooses from, e.g. ["taco(group_size=64)", "int8-hadamard(axis=0)"]; '
         "[] = tp_codec with its options at every group size of taco.codec.GROUP_SIZES, grouped along "
-        "the last axis and along axis 0, plus int8-hadamard and "
-        "int6-hadamard(group_size=64,scale_fmt=bf16,signs=auto).")})
+        "the last axis and along axis 0, plus int8-hadamard and int6-hadamard (their defaults: G = 64, "
+        "bf16 scales, signs=auto).")})
     max_bytes_per_elem: float = field(default=0.0, metadata={"doc": (
         "Bytes budget of calibration: no site gets a candidate sending more wire bytes per element "
         "(payload + scales); 0 = no budget.")})
