@@ -42,6 +42,7 @@ from taco.parallel import (
     wrap_data_parallel,
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
+from taco.parallel.master_weights import MasterWeightsOptimizer
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
 from taco.train import stopping
 from taco.train.autopolicy import AutoPolicy
@@ -126,10 +127,18 @@ class Trainer:
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
+        bf16 = t.dtype.value == "bf16"
+        self.sharded = p.dp_shard and dims.group("dp") is not None  # FSDP2 (taco.parallel.fully_sharded)
+        # bf16 parameters with fp32 masters in the optimizer (taco.parallel.master_weights); FSDP2
+        # does the same with its own mixed precision (bf16 gathers, fp32 shards), so no cast here
+        self.master = bf16 and t.mixed_precision.value == "master"
+        fp32_init = {}  # the masters start from the fp32 init, not from its bf16 rounding
+        if self.master and not self.sharded:
+            fp32_init = {id(q): q.detach().clone() for q in self.stage.parameters()}
+            self.stage.to(torch.bfloat16)  # the same Parameter objects, now bf16
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
         c = cfg.compression
-        self.sharded = p.dp_shard and self.dp_group is not None  # FSDP2 (taco.parallel.fully_sharded)
         if self.sharded:
             self.module = shard_data_parallel(cfg, dims, self.stage, self.policies["dp"])
         else:
@@ -139,7 +148,7 @@ class Trainer:
             )
         plain = c.dp_codec == "none" and not self.sharded  # DDP's own all-reduce: counted here
         self.plain_dp_bytes = plain_allreduce_bytes(self.stage, self.dp_group) if plain else 0
-        self.autocast = t.dtype.value == "bf16"
+        self.autocast = bf16 and not self.master
         self.engine = PipelineEngine(
             self.stage,
             dims,
@@ -162,7 +171,14 @@ class Trainer:
             {"params": decay, "weight_decay": t.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        self.opt = build_optimizer(groups, self.dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
+        def make(groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+            return build_optimizer(groups, self.dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
+
+        if self.master and not self.sharded:  # fp32 sums of micro-batch gradients where no DDP owns them
+            fp32_sum = p.microbatches > 1 and self.dp_group is None
+            self.opt: Any = MasterWeightsOptimizer(groups, make, accumulate_fp32=fp32_sum, init=fp32_init)
+        else:
+            self.opt = make(groups)
         self.step = 0
         self.out_dir = Path(t.out_dir)
         self.mesh = dims.mesh()
@@ -202,6 +218,8 @@ class Trainer:
         x, y = self._batch(self.train_ds, self.step)
         self.opt.zero_grad(set_to_none=True)
         loss = self.engine.train_step(x, y, cfg.parallel.microbatches, self._loss_fn)
+        if isinstance(self.opt, MasterWeightsOptimizer):
+            self.opt.finish_grads()  # fp32 micro-batch sums -> p.grad
         sync_tp_partial_grads(self.model)
         sync_tied_grads(self.stage, self.emb_group)
         if self.plain_dp_bytes:  # DDP's own all-reduce: counted, not measured
