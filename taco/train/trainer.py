@@ -33,7 +33,6 @@ from taco.parallel import (
     PipelineEngine,
     PipelineStage,
     apply_tensor_parallel,
-    build_optimizer,
     embedding_group,
     fully_sharded,
     sync_tied_grads,
@@ -51,8 +50,10 @@ from taco.train.build import (
     build_axis_policy,
     build_model,
     build_policy,
+    build_stage_optimizer,
     lr_at,
     model_vocab,
+    prepare_stage,
     sent_bytes,
     shard_data_parallel,
     tp_comm_dtype,
@@ -127,15 +128,10 @@ class Trainer:
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
-        bf16 = t.dtype.value == "bf16"
         self.sharded = p.dp_shard and dims.group("dp") is not None  # FSDP2 (taco.parallel.fully_sharded)
-        # bf16 parameters with fp32 masters in the optimizer (taco.parallel.master_weights); FSDP2
-        # does the same with its own mixed precision (bf16 gathers, fp32 shards), so no cast here
-        self.master = bf16 and t.mixed_precision.value == "master"
-        fp32_init = {}  # the masters start from the fp32 init, not from its bf16 rounding
-        if self.master and not self.sharded:
-            fp32_init = {id(q): q.detach().clone() for q in self.stage.parameters()}
-            self.stage.to(torch.bfloat16)  # the same Parameter objects, now bf16
+        fp32_init = prepare_stage(cfg, self.stage, self.model, self.sharded)  # compile, bf16 cast
+        self.master = bool(fp32_init)
+        bf16 = t.dtype.value == "bf16"
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
         c = cfg.compression
@@ -148,7 +144,7 @@ class Trainer:
             )
         plain = c.dp_codec == "none" and not self.sharded  # DDP's own all-reduce: counted here
         self.plain_dp_bytes = plain_allreduce_bytes(self.stage, self.dp_group) if plain else 0
-        self.autocast = bf16 and not self.master
+        self.autocast = bf16 and t.mixed_precision.value == "autocast"  # FSDP2's master recipe: neither
         self.engine = PipelineEngine(
             self.stage,
             dims,
@@ -164,21 +160,7 @@ class Trainer:
         self.auto = AutoPolicy.for_trainer(self) if c.when == "auto" else None  # compress where it pays
         if self.auto is not None:
             self.step_hooks.append(self.auto)
-        params = list(self.stage.parameters())
-        decay = [q for q in params if q.dim() >= 2]
-        no_decay = [q for q in params if q.dim() < 2]
-        groups = [
-            {"params": decay, "weight_decay": t.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        def make(groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-            return build_optimizer(groups, self.dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
-
-        if self.master and not self.sharded:  # fp32 sums of micro-batch gradients where no DDP owns them
-            fp32_sum = p.microbatches > 1 and self.dp_group is None
-            self.opt: Any = MasterWeightsOptimizer(groups, make, accumulate_fp32=fp32_sum, init=fp32_init)
-        else:
-            self.opt = make(groups)
+        self.opt = build_stage_optimizer(cfg, self.stage, self.dp_group, fp32_init)
         self.step = 0
         self.out_dir = Path(t.out_dir)
         self.mesh = dims.mesh()

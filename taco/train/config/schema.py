@@ -314,6 +314,11 @@ class TrainConfig(_Section):
         'gathers bf16 weights and reduces fp32 gradients into its fp32 shards); "autocast" = fp32 '
         "weights and gradients, bf16 compute under torch.autocast. Ignored with fp32. "
         "docs/training.md has the measured choice of the default.")})
+    compile: bool = field(default=False, metadata={"doc": (
+        "torch.compile each transformer block of this rank's stage (inductor); the TP collectives are "
+        "custom ops, so a block is one graph. Turns off parallel.overlap_tp_wgrad (the compiled block "
+        "computes its weight gradients itself). Pays where the step is compute-bound; docs/training.md "
+        "has the measurement.")})
     out_dir: str = field(default="", metadata={
         "doc": 'Run directory (logs, resolved config, checkpoints); "" = runs/<name>.'})
     checkpoint_interval: int = field(default=500, metadata={"doc": (
