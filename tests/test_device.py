@@ -38,7 +38,8 @@ def _meta_step(rank: int, world: int, args: list[str]) -> None:
     torch.set_default_device("meta")
     try:
         loss, norm = trainer.compute_gradients()  # forward, backward, TP/PP/DP communication, clipping
-        wire, raw, _, _ = trainer._step_totals(before, trainer._bytes())
+        d = [a - b for a, b in zip(trainer._bytes(), before)]
+        wire, raw = {"tp": d[0]}, {"tp": d[1]}  # this rank's TP bytes (AXES starts with tp)
         val = trainer.evaluate()
     finally:
         torch.set_default_device(None)

@@ -105,9 +105,9 @@ def test_deterministic_init(kind: str) -> None:
 def test_gpt_init_scales_residual_projections() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=512, n_layer=8, n_head=4, n_embd=128, block_size=16))
-    assert abs(model.layers[0].attn.q.weight.std().item() - 0.02) < 2e-3
+    assert abs(model.layers[0].attn.qkv.weight.std().item() - 0.02) < 2e-3
     assert abs(model.layers[0].mlp.down.weight.std().item() - 0.02 / 4) < 1e-3
-    assert model.layers[0].attn.q.bias.abs().max() == 0
+    assert model.layers[0].attn.qkv.bias.abs().max() == 0
 
 
 def test_gpt_positions_and_block_size() -> None:
@@ -131,13 +131,21 @@ def test_qwen_rope_is_relative() -> None:
 
 
 def shard_linear(linear: nn.Linear, dim: int, rank: int, tp: int) -> nn.Linear:
-    """A copy of ``linear`` keeping shard ``rank`` of ``tp`` along weight dim 0 (colwise) or 1 (rowwise)."""
-    w = linear.weight.detach().chunk(tp, dim=dim)[rank]
+    """A copy of ``linear`` keeping shard ``rank`` of ``tp`` along weight dim 0 (colwise) or 1 (rowwise);
+    a fused projection (``fused_parts``) keeps shard ``rank`` of each of its blocks, stacked."""
+    parts = getattr(linear, "fused_parts", None) if dim == 0 else None
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        if parts is None:
+            return t.detach().chunk(tp, dim=dim)[rank]
+        return torch.cat([b.chunk(tp, dim=0)[rank] for b in t.detach().split(list(parts), dim=0)])
+
+    w = cut(linear.weight)
     out = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None and dim == 0)
     with torch.no_grad():
         out.weight.copy_(w)
         if out.bias is not None:
-            out.bias.copy_(linear.bias.detach().chunk(tp)[rank])
+            out.bias.copy_(cut(linear.bias))
     return out
 
 
@@ -152,10 +160,9 @@ def test_layer_forward_works_column_sharded(kind: str, tp: int = 2) -> None:
     attn_sum, mlp_sum = 0, 0
     for rank in range(tp):
         attn, mlp = copy.deepcopy(block.attn), copy.deepcopy(block.mlp)
-        for name in ("q", "k", "v"):
-            setattr(attn, name, shard_linear(getattr(block.attn, name), 0, rank, tp))
+        attn.qkv = shard_linear(block.attn.qkv, 0, rank, tp)
         attn.out = shard_linear(block.attn.out, 1, rank, tp)
-        for name in ("up", "gate"):
+        for name in ("up", "gate_up"):
             if hasattr(mlp, name):
                 setattr(mlp, name, shard_linear(getattr(block.mlp, name), 0, rank, tp))
         mlp.down = shard_linear(block.mlp.down, 1, rank, tp)
@@ -256,7 +263,7 @@ def test_plan_covers_every_module(kind: str) -> None:
     owners = {n for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     assert set(resolved) == owners
     assert resolved["tok_emb"] == "vocab_embedding" and resolved["lm_head"] == "colwise_head"
-    assert resolved["layers.1.attn.k"] == "colwise" and resolved["layers.1.mlp.down"] == "rowwise"
+    assert resolved["layers.1.attn.qkv"] == "colwise" and resolved["layers.1.mlp.down"] == "rowwise"
     assert sites(model)[:4] == [
         "layers.0.attn.qkv",
         "layers.0.attn.out",

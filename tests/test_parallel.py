@@ -44,6 +44,9 @@ def tiny_qwen(qk_norm=False):
 
 
 def _ref_slice(ref_param: torch.Tensor, mod: nn.Module, pname: str, tp: int, r: int) -> torch.Tensor:
+    parts = getattr(mod, "fused_parts", None)
+    if parts is not None:  # fused q/k/v or gate/up: this rank's slice of every block, stacked
+        return torch.cat([b.chunk(tp, 0)[r] for b in ref_param.split([n * tp for n in parts], 0)])
     if isinstance(mod, (ColumnParallelLinear, VocabParallelEmbedding)):
         return ref_param.chunk(tp, 0)[r]
     if isinstance(mod, RowParallelLinear) and pname == "weight":

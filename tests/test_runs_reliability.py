@@ -319,3 +319,19 @@ def test_save_writes_meta_and_latest_only_after_every_rank_file(tmp_path, monkey
         save_checkpoint(tmp_path, 2, 0, {**st, "step": 2})
     assert find_checkpoint(True, tmp_path).name == "step_0000001"
     assert not (tmp_path / "checkpoints" / "step_0000002" / "meta.json").exists()
+
+
+def test_a_checkpoint_with_separate_q_k_v_is_one_clear_message(tmp_path):
+    """Models fuse q/k/v (attn.qkv) and gate/up (mlp.gate_up); a checkpoint written with the separate
+    projections is refused at load with one line naming the tensor and what to do."""
+    from taco.train.checkpoint import load_checkpoint, save_checkpoint
+    from taco.train.errors import CheckpointError
+
+    mesh = {"dp": 1, "pp": 1, "tp": 1, "sp": 0}
+    st = {"model": {"layers.0.attn.q.weight": torch.ones(3)}, "opt": {}, "step": 1, "mesh": mesh}
+    d = save_checkpoint(tmp_path, 1, 0, st)
+    with pytest.raises(CheckpointError, match=r"layers\.0\.attn\.q\.weight: .*separate projections") as e:
+        load_checkpoint(d, 0, mesh)
+    assert "\n" not in str(e.value)
+    fused = {**st, "model": {"layers.0.attn.qkv.weight": torch.ones(3)}}
+    assert load_checkpoint(save_checkpoint(tmp_path, 2, 0, fused), 0, mesh)["step"] == 1

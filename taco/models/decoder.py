@@ -79,3 +79,13 @@ class Decoder(nn.Module):
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+
+
+def fused_linear(in_features: int, parts: tuple[int, ...], bias: bool) -> nn.Linear:
+    """One ``nn.Linear`` computing several projections of the same input, stacked on output
+    features (q/k/v, gate/up): one GEMM instead of several. ``fused_parts`` on the module names
+    each block's width, so tensor parallelism shards every block by itself and each rank holds
+    its slices of all blocks, contiguous (``taco.parallel.layers.ColumnParallelLinear``)."""
+    lin = nn.Linear(in_features, sum(parts), bias=bias)
+    lin.fused_parts = tuple(parts)
+    return lin

@@ -5,13 +5,15 @@ Tensor parallelism is applied from the outside (``taco.models.plans`` names the 
 ``taco.parallel`` swaps the layers), so the forward here must keep working when another module
 shards its linears:
 
-* attention derives its number of *local* heads from the projection output,
-  ``n_local = q.shape[-1] // head_dim``, so column-sharding ``q``/``k``/``v`` by heads needs no
+* q, k and v are one fused projection ``qkv`` (one GEMM, as Megatron-Core's ``linear_qkv``) whose
+  ``fused_parts`` name the three output blocks; a column-parallel shard keeps each rank's q, k and
+  v slices contiguous (``[q_r; k_r; v_r]``), and attention derives its *local* heads from the
+  output width, ``n_local = qkv.shape[-1] // (3 * head_dim)``, so sharding by heads needs no
   change here (``head_dim`` is fixed by the config);
 * the model is cut into ``embed`` -> ``run_layers`` -> ``head`` so a pipeline stage can run a
   subset (replace ``layers`` by a slice, or skip ``embed``/``head``).
 
-Layout is batch first, ``[b, s, h]``. Parameter names (``tok_emb``, ``layers.{i}.attn.q``,
+Layout is batch first, ``[b, s, h]``. Parameter names (``tok_emb``, ``layers.{i}.attn.qkv``,
 ``layers.{i}.mlp.down``, ...) are a contract with ``plans.py`` and ``hf.py``.
 """
 
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taco.models.decoder import Decoder
+from taco.models.decoder import Decoder, fused_linear
 
 
 @dataclass
@@ -67,24 +69,20 @@ class GPTConfig:
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with separate q, k, v and out projections."""
+    """Causal multi-head self-attention: one fused q/k/v projection, then the out projection."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         h = cfg.n_embd
         self.head_dim = cfg.head_dim
         self.dropout = cfg.dropout
-        self.q = nn.Linear(h, h, bias=cfg.bias)
-        self.k = nn.Linear(h, h, bias=cfg.bias)
-        self.v = nn.Linear(h, h, bias=cfg.bias)
+        self.qkv = fused_linear(h, (h, h, h), bias=cfg.bias)  # [q; k; v] on output features
         self.out = nn.Linear(h, h, bias=cfg.bias)
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape  # x: [b, s, h]
-        q = self.q(x)  # [b, s, nl*hd], nl = local heads (all heads unless column-sharded)
-        k = self.k(x)  # [b, s, nl*hd]
-        v = self.v(x)  # [b, s, nl*hd]
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x [b, s, nl*hd], nl = local heads (all unless sharded)
         n_local = q.shape[-1] // self.head_dim
         q = q.view(b, s, n_local, self.head_dim).transpose(1, 2)  # [b, nl, s, hd]
         k = k.view(b, s, n_local, self.head_dim).transpose(1, 2)  # [b, nl, s, hd]

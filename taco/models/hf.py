@@ -9,12 +9,14 @@ for tensor parallelism (``Decoder.resize_vocab``) is written back at its own siz
 
 Name mapping (ours <- Hugging Face):
 
-* gpt2: ``tok_emb``/``pos_emb`` <- ``wte``/``wpe``; ``layers.i.attn.{q,k,v}`` <- split of
+* gpt2: ``tok_emb``/``pos_emb`` <- ``wte``/``wpe``; the fused ``layers.i.attn.qkv`` <-
   ``h.i.attn.c_attn`` (a Conv1D, weight ``[in, out]``, hence transposed); ``attn.out`` <-
   ``attn.c_proj``; ``mlp.up``/``mlp.down`` <- ``mlp.c_fc``/``mlp.c_proj``; ``attn_norm``,
   ``mlp_norm``, ``norm`` <- ``ln_1``, ``ln_2``, ``ln_f``.
-* qwen2/qwen3: ``tok_emb`` <- ``embed_tokens``; ``attn.{q,k,v,out}`` <- ``self_attn.{q,k,v,o}_proj``;
-  ``attn.{q,k}_norm`` <- ``self_attn.{q,k}_norm``; ``mlp.{gate,up,down}`` <- ``mlp.{gate,up,down}_proj``;
+* qwen2/qwen3: ``tok_emb`` <- ``embed_tokens``; the fused ``attn.qkv`` <- ``self_attn.{q,k,v}_proj``
+  stacked on output features (unstacked on export); ``attn.out`` <- ``self_attn.o_proj``;
+  ``attn.{q,k}_norm`` <- ``self_attn.{q,k}_norm``; the fused ``mlp.gate_up`` <-
+  ``mlp.{gate,up}_proj`` stacked; ``mlp.down`` <- ``mlp.down_proj``;
   ``attn_norm``/``mlp_norm`` <- ``input_layernorm``/``post_attention_layernorm``.
 
 Loaded weights are fp32 whatever the file stores (call ``model.to(dtype)`` afterwards if needed),
@@ -40,6 +42,7 @@ Tensors = dict[str, torch.Tensor]
 # Per-layer renames, ours -> Hugging Face. GPT-2 linears (Conv1D) are transposed on the way.
 _GPT2_LAYER = {
     "attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias",
+    "attn.qkv.weight": "attn.c_attn.weight", "attn.qkv.bias": "attn.c_attn.bias",
     "attn.out.weight": "attn.c_proj.weight", "attn.out.bias": "attn.c_proj.bias",
     "mlp_norm.weight": "ln_2.weight", "mlp_norm.bias": "ln_2.bias",
     "mlp.up.weight": "mlp.c_fc.weight", "mlp.up.bias": "mlp.c_fc.bias",
@@ -54,11 +57,17 @@ _GPT2_TOP = {
 }
 _QWEN_LAYER = {
     "attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
-    **{f"attn.{a}.{p}": f"self_attn.{a}_proj.{p}" for a in "qkv" for p in ("weight", "bias")},
     "attn.out.weight": "self_attn.o_proj.weight", "attn.out.bias": "self_attn.o_proj.bias",
     "attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight",
-    **{f"mlp.{m}.weight": f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")},
+    "mlp.down.weight": "mlp.down_proj.weight",
 }  # fmt: skip
+# Fused projections, ours -> the Hugging Face tensors stacked in it (on output features, in order).
+_QWEN_FUSED = {
+    "attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+}
+_QWEN_PART = {f"{hf}.{p}": (f"{ours}.{p}", i) for ours, hfs in _QWEN_FUSED.items()
+              for i, hf in enumerate(hfs) for p in ("weight", "bias")}  # fmt: skip
 _QWEN_TOP = {
     "tok_emb.weight": "embed_tokens.weight",
     "norm.weight": "norm.weight",
@@ -66,7 +75,7 @@ _QWEN_TOP = {
 }
 # Buffers some checkpoints carry that are not parameters (causal masks, RoPE tables).
 _IGNORED = re.compile(r"(^|\.)(attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
-_CONV1D = re.compile(r"(attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+_CONV1D = re.compile(r"(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
 
 
 def _gpt_config(hf: dict[str, Any]) -> GPTConfig:
@@ -124,17 +133,17 @@ def _to_ours(model_type: str, hf: Tensors) -> tuple[Tensors, dict[str, str], lis
     ours: Tensors = {}
     source: dict[str, str] = {}
     unknown: list[str] = []
+    stacks: dict[str, dict[int, torch.Tensor]] = {}  # fused key -> its parts by position
     for name, t in hf.items():
         short = name.removeprefix(prefix)
         if _IGNORED.search(short):
             continue
         m = re.fullmatch(r"(?:h|layers)\.(\d+)\.(.+)", short)
-        if m and gpt and m[2] in ("attn.c_attn.weight", "attn.c_attn.bias"):
-            kind = m[2].rsplit(".", 1)[1]
-            parts = (t.t() if kind == "weight" else t).chunk(3, dim=0)  # c_attn [h, 3h] -> 3 x [h, h]
-            for a, part in zip("qkv", parts):
-                ours[f"layers.{m[1]}.attn.{a}.{kind}"] = part
-                source[f"layers.{m[1]}.attn.{a}.{kind}"] = name
+        if m and not gpt and m[2] in _QWEN_PART:  # one block of a fused projection
+            fused, i = _QWEN_PART[m[2]]
+            key = f"layers.{m[1]}.{fused}"
+            stacks.setdefault(key, {})[i] = t
+            source[key] = name
             continue
         key = f"layers.{m[1]}.{inv_layer[m[2]]}" if m and m[2] in inv_layer else inv_top.get(short)
         if key is None:
@@ -142,6 +151,12 @@ def _to_ours(model_type: str, hf: Tensors) -> tuple[Tensors, dict[str, str], lis
             continue
         ours[key] = t.t() if gpt and _CONV1D.search(short) else t
         source[key] = name
+    for key, parts in stacks.items():
+        want = len(_QWEN_FUSED[key.split(".", 2)[2].rsplit(".", 1)[0]])
+        if len(parts) != want:  # a block is missing: report the fused name as missing
+            source.pop(key)
+            continue
+        ours[key] = torch.cat([parts[i] for i in range(want)], dim=0)
     return ours, source, unknown
 
 
@@ -205,12 +220,12 @@ def _from_ours(model: nn.Module, vocab_size: int | None = None) -> tuple[dict[st
     out: Tensors = {}
     for key in state:
         m = re.fullmatch(r"layers\.(\d+)\.(.+)", key)
-        if m and gpt and m[2].startswith("attn.q."):  # fuse q, k, v into the Conv1D c_attn [h, 3h]
+        fused = m[2].rsplit(".", 1)[0] if m else ""
+        if m and not gpt and fused in _QWEN_FUSED:  # unstack q/k/v (gate/up) by the blocks' widths
+            widths = list(model.get_submodule(f"layers.{m[1]}.{fused}").fused_parts)
             kind = m[2].rsplit(".", 1)[1]
-            fused = torch.cat([state[f"layers.{m[1]}.attn.{a}.{kind}"] for a in "qkv"], dim=0)
-            out[f"{prefix}h.{m[1]}.attn.c_attn.{kind}"] = fused.t() if kind == "weight" else fused
-        elif m and gpt and m[2].startswith(("attn.k.", "attn.v.")):
-            continue
+            for hf, part in zip(_QWEN_FUSED[fused], state[key].split(widths, dim=0)):
+                out[f"{prefix}{layers}.{m[1]}.{hf}.{kind}"] = part
         elif m:
             hf_name = f"{prefix}{layers}.{m[1]}.{layer[m[2]]}"
             out[hf_name] = state[key].t() if gpt and _CONV1D.search(hf_name) else state[key]

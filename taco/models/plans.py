@@ -10,8 +10,10 @@ dotted name from ``model.named_modules()``, ``*`` also matching dots) to one sty
 
 * ``"vocab_embedding"``: ``nn.Embedding`` sharded on vocabulary rows (``tok_emb``); each rank
   looks up its rows, zeroes the others, and the outputs are summed (all-reduce).
-* ``"colwise"``: ``nn.Linear`` with output features sharded (``q``, ``k``, ``v``, ``mlp.up``,
-  ``mlp.gate``); attention heads split evenly, so heads and key/value heads must divide by tp.
+* ``"colwise"``: ``nn.Linear`` with output features sharded (``attn.qkv``, ``mlp.up``,
+  ``mlp.gate_up``); attention heads split evenly, so heads and key/value heads must divide by tp.
+  A fused projection (``fused_parts``, ``taco.models.decoder.fused_linear``) is sharded block by
+  block, so each rank holds its q, k and v (or gate and up) slices contiguous.
 * ``"rowwise"``: ``nn.Linear`` with input features sharded (``attn.out``, ``mlp.down``); its
   partial outputs are summed across ranks, the bias added once.
 * ``"colwise_head"``: the output projection ``lm_head`` with vocabulary-sharded logits; when the
@@ -21,10 +23,10 @@ dotted name from ``model.named_modules()``, ``*`` also matching dots) to one sty
 Every module that owns parameters matches exactly one pattern (``resolve_plan`` checks this).
 
 Communication sites (``sites``): per layer ``i``, in execution order,
-``layers.{i}.attn.qkv`` (column-parallel input of q/k/v: all-reduce of the input gradient in
+``layers.{i}.attn.qkv`` (column-parallel input of the fused q/k/v: all-reduce of the input gradient in
 backward, or all-gather in forward with sequence parallelism), ``layers.{i}.attn.out``
 (row-parallel output: all-reduce in forward, or reduce-scatter with SP), ``layers.{i}.mlp.up``
-(column-parallel input of ``up`` and, for Qwen, ``gate``, which share it) and
+(column-parallel input of ``up``, for Qwen the fused ``gate_up``) and
 ``layers.{i}.mlp.down`` (row-parallel output). ``taco.comm`` appends ``.fwd``/``.bwd``.
 """
 
@@ -43,12 +45,9 @@ STYLES = ("vocab_embedding", "colwise", "rowwise", "colwise_head", "replicate")
 _COMMON = {
     "tok_emb": "vocab_embedding",
     "layers.*.attn_norm": "replicate",
-    "layers.*.attn.q": "colwise",
-    "layers.*.attn.k": "colwise",
-    "layers.*.attn.v": "colwise",
+    "layers.*.attn.qkv": "colwise",
     "layers.*.attn.out": "rowwise",
     "layers.*.mlp_norm": "replicate",
-    "layers.*.mlp.up": "colwise",
     "layers.*.mlp.down": "rowwise",
     "norm": "replicate",
     "lm_head": "colwise_head",
@@ -58,9 +57,9 @@ _COMMON = {
 def tp_plan(model: nn.Module) -> dict[str, str]:
     """The tensor-parallel plan of ``model`` (a fresh dict the caller may edit)."""
     if isinstance(model, GPT):
-        return {**_COMMON, "pos_emb": "replicate"}
+        return {**_COMMON, "pos_emb": "replicate", "layers.*.mlp.up": "colwise"}
     if isinstance(model, Qwen):
-        plan = {**_COMMON, "layers.*.mlp.gate": "colwise"}
+        plan = {**_COMMON, "layers.*.mlp.gate_up": "colwise"}
         if model.config.qk_norm:  # per-head norms act on head_dim, identical on every rank
             plan |= {"layers.*.attn.q_norm": "replicate", "layers.*.attn.k_norm": "replicate"}
         return plan

@@ -2,10 +2,11 @@
 
 Why this file exists: the second model family the library trains and fine-tunes (RMSNorm, RoPE,
 grouped-query attention, SwiGLU), loadable from Hugging Face checkpoints by ``hf.py``.
-As in ``gpt.py`` the forward stays correct when ``q``/``k``/``v`` are column-sharded by heads:
-local head counts come from the projection outputs (``q.shape[-1] // head_dim`` query heads,
-``k.shape[-1] // head_dim`` key/value heads), and the model is cut into ``embed`` ->
-``run_layers`` -> ``head`` for pipeline stages.
+As in ``gpt.py``, q/k/v are one fused projection ``qkv`` (GQA-aware: blocks of nq*hd, nkv*hd,
+nkv*hd) and gate/up one fused ``gate_up``; the forward stays correct when they are column-sharded
+by heads, since local head counts come from the fused output width (``(nq + 2 nkv) * hd`` with
+nq = groups * nkv), and the model is cut into ``embed`` -> ``run_layers`` -> ``head`` for
+pipeline stages.
 
 RoPE follows the Hugging Face Qwen2 convention (``rotate_half`` on two halves of each head,
 ``inv_freq = 1 / theta^(arange(0, d, 2) / d)``); ``qk_norm=True`` adds Qwen3's per-head RMSNorm
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taco.models.decoder import Decoder
+from taco.models.decoder import Decoder, fused_linear
 
 _SDPA_GQA = torch.__version__ >= (2, 5)  # scaled_dot_product_attention(enable_gqa=...) exists
 
@@ -118,9 +119,9 @@ class Attention(nn.Module):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.head_dim = hd
-        self.q = nn.Linear(h, cfg.num_attention_heads * hd, bias=cfg.attention_bias)
-        self.k = nn.Linear(h, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
-        self.v = nn.Linear(h, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
+        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads  # query heads per k/v head
+        q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+        self.qkv = fused_linear(h, (q, kv, kv), bias=cfg.attention_bias)  # [q; k; v] on output features
         self.out = nn.Linear(cfg.num_attention_heads * hd, h, bias=cfg.attention_out_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -131,10 +132,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape  # x: [b, s, h]
         hd = self.head_dim
-        q = self.q(x)  # [b, s, nq*hd], nq = local query heads
-        k = self.k(x)  # [b, s, nkv*hd], nkv = local key/value heads
-        v = self.v(x)  # [b, s, nkv*hd]
-        nq, nkv = q.shape[-1] // hd, k.shape[-1] // hd
+        qkv = self.qkv(x)  # [b, s, (nq + 2 nkv)*hd], nq/nkv = local query/key-value heads
+        nkv = qkv.shape[-1] // (hd * (self.groups + 2))
+        nq = nkv * self.groups
+        q, k, v = qkv.split((nq * hd, nkv * hd, nkv * hd), dim=-1)  # [b, s, nq*hd], 2 x [b, s, nkv*hd]
         q = q.view(b, s, nq, hd)  # [b, s, nq, hd]
         k = k.view(b, s, nkv, hd)  # [b, s, nkv, hd]
         if self.q_norm is not None:
@@ -155,16 +156,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, gate and up as one fused projection."""
 
     def __init__(self, cfg: QwenConfig) -> None:
         super().__init__()
-        self.gate = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        f = cfg.intermediate_size
+        self.gate_up = fused_linear(cfg.hidden_size, (f, f), bias=False)  # [gate; up] on output features
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.silu(self.gate(x)) * self.up(x)  # [b, s, f] (or f/tp when sharded)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # 2 x [b, s, f] (or f/tp when sharded)
+        y = F.silu(gate) * up  # [b, s, f]
         return self.down(y)  # [b, s, h]
 
 

@@ -26,8 +26,21 @@ def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> nn.Parameter
     return mark_tp_sharded(nn.Parameter(t.chunk(ctx.size, dim=dim)[ctx.rank].detach().clone()))
 
 
+def _shard_fused(t: torch.Tensor, parts: tuple[int, ...] | None, ctx: TPContext, what: str) -> nn.Parameter:
+    """Column shard of `t` [out, ...]; a fused projection (`parts`: its blocks' widths, summing
+    to out) is sharded block by block: rank r holds [block_1 slice r; block_2 slice r; ...]."""
+    if parts is None:
+        return _shard(t, 0, ctx, what)
+    blocks = [_shard(b, 0, ctx, f"{what} block {i}") for i, b in enumerate(t.split(list(parts), dim=0))]
+    return mark_tp_sharded(nn.Parameter(torch.cat([b.detach() for b in blocks], dim=0)))
+
+
 class ColumnParallelLinear(nn.Module):
     """y_local = x W_r^T + b_r with W sharded on output features: W_r [out/tp, in].
+
+    A fused projection (`fused_parts` on the full linear: q/k/v, gate/up) is sharded per block,
+    so its local output is [block_1 slice r, block_2 slice r, ...] and keeps `fused_parts`
+    divided by tp.
 
     Without SP (and `TPContext.overlap_wgrad`, the default) its backward leaves the weight
     gradient to its `ColumnBlock`, which computes it while the input-gradient all-reduce is in
@@ -39,8 +52,11 @@ class ColumnParallelLinear(nn.Module):
         self.in_features = full.in_features
         self.out_features = full.out_features // ctx.size
         self.name = name
-        self.weight = _shard(full.weight, 0, ctx, name)  # [out/tp, in]
-        self.bias = _shard(full.bias, 0, ctx, name) if full.bias is not None else None
+        parts = getattr(full, "fused_parts", None)
+        self.weight = _shard_fused(full.weight, parts, ctx, name)  # [out/tp, in]
+        self.bias = _shard_fused(full.bias, parts, ctx, name) if full.bias is not None else None
+        if parts is not None:
+            self.fused_parts = tuple(n // ctx.size for n in parts)
         self.block: ColumnBlock | None = None
         """the block sharing this layer's input (set by `apply_tensor_parallel`; column_block.py)"""
 

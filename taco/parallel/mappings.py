@@ -8,8 +8,10 @@ Activations are [b, s, h]; sequence parallelism shards dim 1 (s).
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,6 +20,8 @@ import torch.distributed as dist
 from taco import comm
 
 SEQ_DIM = 1
+_KEYS = itertools.count(1)
+_CONTEXTS: weakref.WeakValueDictionary[int, TPContext] = weakref.WeakValueDictionary()
 
 
 @dataclass
@@ -35,6 +39,11 @@ class TPContext:
     overlap_wgrad: bool = True
     """Without SP: a column-parallel block's backward starts the all-reduce of its input gradient,
     computes the weight gradients while it is in flight, then waits (`column_block.py`)."""
+    key: int = field(default_factory=lambda: next(_KEYS))
+    """How a compiled graph names this context (`compiled_ops.py`: ops take ints, not objects)."""
+
+    def __post_init__(self) -> None:
+        _CONTEXTS[self.key] = self
 
     @property
     def size(self) -> int:
@@ -43,6 +52,20 @@ class TPContext:
     @property
     def rank(self) -> int:
         return 0 if self.group is None else dist.get_rank(self.group)
+
+
+def context_of(key: int) -> TPContext:
+    """The live `TPContext` whose `key` this is."""
+    return _CONTEXTS[key]
+
+
+def _op(name: str) -> Callable[..., torch.Tensor] | None:
+    """The custom op `name` of `compiled_ops.py` while dynamo traces (one graph per block), else None."""
+    if not torch.compiler.is_compiling():
+        return None
+    from . import compiled_ops
+
+    return getattr(compiled_ops, name)
 
 
 def _kw(ctx: TPContext, site: str) -> dict:
@@ -167,27 +190,42 @@ class _ReduceScatterToSP(torch.autograd.Function):
 
 def copy_to_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     """forward: identity, backward: all-reduce. Input of column-parallel layers without SP."""
-    return x if ctx.size == 1 else _CopyToTP.apply(x, ctx, site)
+    if ctx.size == 1:
+        return x
+    op = _op("tp_copy_in")
+    return _CopyToTP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
 
 def reduce_from_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     """forward: all-reduce, backward: identity. Output of row-parallel layers without SP."""
-    return x if ctx.size == 1 else _ReduceFromTP.apply(x, ctx, site)
+    if ctx.size == 1:
+        return x
+    op = _op("tp_reduce_out")
+    return _ReduceFromTP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
 
 def scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     """forward: split along s, backward: all-gather (dim 1). Entry into the SP region."""
-    return x if ctx.size == 1 else _ScatterToSP.apply(x, ctx, site)
+    if ctx.size == 1:
+        return x
+    op = _op("sp_scatter_in")
+    return _ScatterToSP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
 
 def gather_from_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     """forward: all-gather (dim 1), backward: reduce-scatter (dim 1). Input of column-parallel with SP."""
-    return x if ctx.size == 1 else _GatherFromSP.apply(x, ctx, site)
+    if ctx.size == 1:
+        return x
+    op = _op("sp_gather_in")
+    return _GatherFromSP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
 
 def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     """forward: reduce-scatter (dim 1), backward: all-gather (dim 1). Output of row-parallel with SP."""
-    return x if ctx.size == 1 else _ReduceScatterToSP.apply(x, ctx, site)
+    if ctx.size == 1:
+        return x
+    op = _op("sp_reduce_scatter_out")
+    return _ReduceScatterToSP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
 
 def tp_input(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:

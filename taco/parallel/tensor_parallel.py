@@ -2,7 +2,8 @@
 
 `apply_tensor_parallel(model, plan, dims, policy)` swaps modules in place by style (see
 `taco.models.plans`) and adds the region entries as forward pre-hooks:
-- each block whose children are column-parallel (attn: q/k/v; mlp: up/gate) enters the TP region
+- each block whose children are column-parallel (attn: the fused qkv; mlp: up or the fused
+  gate_up) enters the TP region
   once: site `layers.{i}.attn.qkv` / `layers.{i}.mlp.up` (all-reduce in backward, overlapped with
   the children's weight gradients by a `ColumnBlock`; with SP an all-gather forward and a
   reduce-scatter backward);
@@ -34,8 +35,12 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
+_SITE_OF = {"q": "qkv", "qkv": "qkv", "gate_up": "up"}  # separate q/k/v or fused: one site name
+
+
 def _input_site(parent: str, children: list[str]) -> str:
-    return f"{parent}.qkv" if "q" in children else f"{parent}.{children[0]}"
+    site = next((_SITE_OF[c] for c in children if c in _SITE_OF), children[0])
+    return f"{parent}.{site}"
 
 
 def _enter_block(parent: nn.Module, block: ColumnBlock) -> None:

@@ -8,6 +8,7 @@ trainer and by the benchmarks and tests that build one piece of a run; keeping t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -153,3 +154,48 @@ def shard_data_parallel(cfg: Config, dims: ParallelDims, stage: nn.Module, polic
         param_dtype=torch.bfloat16 if bf16 else None,
         reduce_dtype=torch.float32 if bf16 else None,
     )
+
+
+def prepare_stage(cfg: Config, stage: nn.Module, model: nn.Module, sharded: bool) -> dict[int, torch.Tensor]:
+    """`train.compile`: torch.compile each block of the stage (the TP regions are custom ops,
+    `taco.parallel.compiled_ops`, so a block is one graph; the wgrad overlap is turned off).
+    bf16 with `train.mixed_precision = "master"` (not FSDP2, which has its own): cast the stage to
+    bf16 and return the fp32 init by parameter id, where the masters start; else {}."""
+    from taco.parallel.tags import tp_context
+
+    t = cfg.train
+    if t.compile:
+        if (ctx := tp_context(model)) is not None:
+            ctx.overlap_wgrad = False
+        for i in stage.layers:
+            stage.model.layers[i].compile()
+    if t.dtype.value != "bf16" or t.mixed_precision.value != "master" or sharded:
+        return {}
+    fp32_init = {id(q): q.detach().clone() for q in stage.parameters()}
+    stage.to(torch.bfloat16)  # the same Parameter objects, now bf16
+    return fp32_init
+
+
+def build_stage_optimizer(
+    cfg: Config, stage: nn.Module, dp_group: Any, fp32_init: dict[int, torch.Tensor]
+) -> Any:
+    """AdamW (ZeRO with parallel.zero) over the stage, weight decay on matrices only; with fp32
+    masters (`fp32_init` not empty) wrapped in `MasterWeightsOptimizer`, micro-batch gradients
+    summed in fp32 where no DDP reducer owns them (no DP group)."""
+    from taco.parallel import build_optimizer
+    from taco.parallel.master_weights import MasterWeightsOptimizer
+
+    t, p = cfg.train, cfg.parallel
+    params = list(stage.parameters())
+    groups = [
+        {"params": [q for q in params if q.dim() >= 2], "weight_decay": t.weight_decay},
+        {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0},
+    ]
+
+    def make(groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        return build_optimizer(groups, dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
+
+    if not fp32_init:
+        return make(groups)
+    fp32_sum = p.microbatches > 1 and dp_group is None
+    return MasterWeightsOptimizer(groups, make, accumulate_fp32=fp32_sum, init=fp32_init)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -177,7 +178,17 @@ def load_checkpoint(step_dir: Path, rank: int, mesh: dict[str, int]) -> dict[str
         )
     if st.get("mesh", mesh) != mesh:
         raise CheckpointError(f"{f} was written with mesh {st['mesh']}, not {mesh}; {_FIX}")
+    unfused = next((k for k in st.get("model", {}) if _UNFUSED.search(k)), None)
+    if unfused is not None:
+        raise CheckpointError(
+            f"{f} holds {unfused}: it was written when q/k/v (and gate/up) were separate projections; "
+            "these models fuse them (attn.qkv, mlp.gate_up): resume it with the release that wrote it, "
+            "or export it there to Hugging Face format and fine-tune from that"
+        )
     return st
+
+
+_UNFUSED = re.compile(r"(^|\.)(attn\.[qkv]|mlp\.gate)\.(weight|bias)$")  # separate projections
 
 
 def check_shapes(f: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -66,7 +66,9 @@ def _verified_mesh(run_dir: Path, step_dir: Path) -> dict[str, int]:
     )  # fmt: skip
     fix = (
         f"export another step with `taco export --run {run_dir} --step N` (this run also has step "
-        f"{', '.join(map(str, others))})" if others else "this run has no other checkpoint to export"
+        f"{', '.join(map(str, others))})"
+        if others
+        else "this run has no other checkpoint to export"
     )
     try:
         mesh = json.loads((step_dir / "meta.json").read_text())["mesh"]
@@ -78,8 +80,15 @@ def _verified_mesh(run_dir: Path, step_dir: Path) -> dict[str, int]:
     return mesh
 
 
-def _merge(key: str, style: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    """The full tensor of parameter `key` from its TP shards (in TP-rank order)."""
+def _merge(
+    key: str, style: str, parts: list[torch.Tensor], fused: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """The full tensor of parameter `key` from its TP shards (in TP-rank order); `fused`: the full
+    block widths of a fused projection (each shard holds its slice of every block, stacked)."""
+    if fused is not None and style == "colwise":
+        local = [n // len(parts) for n in fused]
+        cut = [p.split(local, dim=0) for p in parts]  # per rank, per block
+        return torch.cat([torch.cat([c[i] for c in cut], dim=0) for i in range(len(fused))], dim=0)
     if style == "rowwise" and key.endswith(".weight"):
         return torch.cat(parts, dim=1)
     if style in _SHARD_DIM:
@@ -132,7 +141,8 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Mod
             raise ValueError(f"{step_dir}: no rank holds {key}; was it written by another model?")
         module = key.rpartition(".")[0]
         parts = [shards[(owner, t)][key] for t in range(dims.tp)]
-        merged[key] = _merge(key, styles.get(module, "replicate"), parts)
+        fused = getattr(model.get_submodule(module), "fused_parts", None)
+        merged[key] = _merge(key, styles.get(module, "replicate"), parts, fused)
     if tied:
         merged["lm_head.weight"] = merged["tok_emb.weight"]
     model.load_state_dict(merged)

@@ -9,8 +9,9 @@ steps, evaluation, checkpoints, metrics; `taco.train.launch` only starts the ran
 process group. Rank 0 logs to stdout, `metrics.jsonl` and TensorBoard.
 
 Devices: one `torch.device` per rank, given to the trainer; the model, every batch, scalar and
-buffer live there. Per step the host reads the loss, the gradient norm and the byte counters
-once (for the log), never per collective.
+buffer live there. Per step the host reads the loss, the gradient norm and the stop request once
+(for the log), never per collective; the per-rank byte counters and peak memory are reduced over
+the job once per logged window (`taco.train.window`), not per step.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import random
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ from taco.parallel import (
     PipelineEngine,
     PipelineStage,
     apply_tensor_parallel,
-    build_optimizer,
     embedding_group,
     fully_sharded,
     sync_tied_grads,
@@ -42,6 +41,7 @@ from taco.parallel import (
     wrap_data_parallel,
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
+from taco.parallel.master_weights import MasterWeightsOptimizer
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
 from taco.train import stopping
 from taco.train.autopolicy import AutoPolicy
@@ -50,8 +50,10 @@ from taco.train.build import (
     build_axis_policy,
     build_model,
     build_policy,
+    build_stage_optimizer,
     lr_at,
     model_vocab,
+    prepare_stage,
     sent_bytes,
     shard_data_parallel,
     tp_comm_dtype,
@@ -65,6 +67,7 @@ from taco.train.errors import CheckpointError
 from taco.train.fidelity import FidelityTelemetry
 from taco.train.metrics import MetricsLogger, capture_fn
 from taco.train.perf import device_peak_flops, flops_per_token, peak_memory_bytes
+from taco.train.window import StatsWindow, StepStats
 
 _Grads = list[tuple[torch.nn.Parameter, torch.Tensor]]
 """(parameter, its local gradient) pairs"""
@@ -82,21 +85,6 @@ def sum_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor
     else:  # older torch: fp32 copies of the gradients that are not fp32 already
         norms = torch._foreach_norm([g.float() for g in grads], 2)
     return torch.stack(norms).square().sum().reshape(1)
-
-
-@dataclass
-class StepStats:
-    loss: float
-    grad_norm: float
-    wire_bytes: dict[str, float]
-    """per axis: bytes one rank put on the wire this step, averaged over all ranks"""
-    raw_bytes: dict[str, float]
-    """per axis: the same traffic uncompressed (the input dtype)"""
-    seconds: float
-    peak_mem: float = 0.0
-    """bytes: the largest peak memory of any rank so far (`taco.train.perf.peak_memory_bytes`)"""
-    stop: bool = False
-    """a rank was asked to stop (SIGINT/SIGTERM, `taco.train.stopping`): every rank stops here"""
 
 
 class Trainer:
@@ -140,10 +128,13 @@ class Trainer:
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
+        self.sharded = p.dp_shard and dims.group("dp") is not None  # FSDP2 (taco.parallel.fully_sharded)
+        fp32_init = prepare_stage(cfg, self.stage, self.model, self.sharded)  # compile, bf16 cast
+        self.master = bool(fp32_init)
+        bf16 = t.dtype.value == "bf16"
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
         c = cfg.compression
-        self.sharded = p.dp_shard and self.dp_group is not None  # FSDP2 (taco.parallel.fully_sharded)
         if self.sharded:
             self.module = shard_data_parallel(cfg, dims, self.stage, self.policies["dp"])
         else:
@@ -153,7 +144,7 @@ class Trainer:
             )
         plain = c.dp_codec == "none" and not self.sharded  # DDP's own all-reduce: counted here
         self.plain_dp_bytes = plain_allreduce_bytes(self.stage, self.dp_group) if plain else 0
-        self.autocast = t.dtype.value == "bf16"
+        self.autocast = bf16 and t.mixed_precision.value == "autocast"  # FSDP2's master recipe: neither
         self.engine = PipelineEngine(
             self.stage,
             dims,
@@ -169,14 +160,7 @@ class Trainer:
         self.auto = AutoPolicy.for_trainer(self) if c.when == "auto" else None  # compress where it pays
         if self.auto is not None:
             self.step_hooks.append(self.auto)
-        params = list(self.stage.parameters())
-        decay = [q for q in params if q.dim() >= 2]
-        no_decay = [q for q in params if q.dim() < 2]
-        groups = [
-            {"params": decay, "weight_decay": t.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        self.opt = build_optimizer(groups, self.dp_group, p.zero, lr=t.lr, betas=(t.beta1, t.beta2))
+        self.opt = build_stage_optimizer(cfg, self.stage, self.dp_group, fp32_init)
         self.step = 0
         self.out_dir = Path(t.out_dir)
         self.mesh = dims.mesh()
@@ -207,13 +191,17 @@ class Trainer:
         """Forward, backward and every gradient reduction of the current step, then clipping.
 
         Returns (mean loss over the global batch, global gradient norm before clipping) as
-        0-d tensors on this rank's device: nothing here waits for the device.
+        0-d tensors on this rank's device: nothing here waits for the device. The stop requests of
+        every rank ride on the norm's and the loss's reductions (no collective of their own):
+        `self.stop_votes` (0-d, > 0 when any rank of the job was asked to stop).
         """
         cfg = self.cfg
         self._seed_step(self.step)
         x, y = self._batch(self.train_ds, self.step)
         self.opt.zero_grad(set_to_none=True)
         loss = self.engine.train_step(x, y, cfg.parallel.microbatches, self._loss_fn)
+        if isinstance(self.opt, MasterWeightsOptimizer):
+            self.opt.finish_grads()  # fp32 micro-batch sums -> p.grad
         sync_tp_partial_grads(self.model)
         sync_tied_grads(self.stage, self.emb_group)
         if self.plain_dp_bytes:  # DDP's own all-reduce: counted, not measured
@@ -221,10 +209,14 @@ class Trainer:
             site.calls += 1
             site.wire_bytes += self.plain_dp_bytes
             site.raw_bytes += self.plain_dp_bytes
-        return self._dp_mean(loss), self._clip(cfg.train.grad_clip)
+        norm, votes = self._clip(cfg.train.grad_clip)
+        both = self._dp_mean(torch.stack((loss.float(), votes)))  # [2]: one all-reduce over DP
+        self.stop_votes = both[1]
+        return both[0], norm
 
     def train_step(self) -> StepStats:
-        """One optimiser step: `compute_gradients`, AdamW, byte counters (one host sync, for the log)."""
+        """One optimiser step: `compute_gradients`, AdamW; this rank's byte counters (host numbers)
+        and one host read of (loss, norm, stop votes), for the log. No collective for statistics."""
         t0 = time.perf_counter()
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.step, self.cfg)
@@ -232,27 +224,15 @@ class Trainer:
         loss, norm = self.compute_gradients()
         self.opt.step()
         self.step += 1
-        wire, raw, mem, stop = self._step_totals(before, self._bytes())  # waits for the step
-        return StepStats(loss.item(), norm.item(), wire, raw, time.perf_counter() - t0, mem, stop)
+        d = [a - b for a, b in zip(self._bytes(), before)]
+        wire = {a: float(d[2 * i]) for i, a in enumerate(AXES)}
+        raw = {a: float(d[2 * i + 1]) for i, a in enumerate(AXES)}
+        lo, no, votes = torch.stack((loss, norm, self.stop_votes)).tolist()  # waits for the step
+        mem = float(peak_memory_bytes(self.device))
+        return StepStats(lo, no, wire, raw, time.perf_counter() - t0, mem, votes > 0)
 
     def _bytes(self) -> list[int]:
         return [b for a in AXES for b in sent_bytes(self.policies[a])]
-
-    def _step_totals(self, before: list[int], after: list[int]) -> tuple[dict, dict, float, bool]:
-        """(wire, raw) bytes per axis this step, averaged over every rank of the job (ranks differ
-        with PP); the largest peak memory of any rank; whether any rank was asked to stop (so that
-        all stop after the same step). One host read, for the log."""
-        d = torch.tensor([a - b for a, b in zip(after, before)], dtype=torch.float64, device=self.device)
-        m = torch.tensor(
-            [peak_memory_bytes(self.device), stopping.requested()], dtype=torch.float64, device=self.device
-        )
-        if dist.get_world_size() > 1:
-            dist.all_reduce(d)
-            d /= dist.get_world_size()
-            dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        v = torch.cat([d, m]).tolist()
-        wire = {a: v[2 * i] for i, a in enumerate(AXES)}
-        return wire, {a: v[2 * i + 1] for i, a in enumerate(AXES)}, v[-2], v[-1] > 0
 
     def _local_grads(self) -> tuple[_Grads, _Grads]:
         """(TP-sharded, replicated) parameters with a gradient, each with its local gradient (FSDP:
@@ -292,11 +272,14 @@ class Trainer:
         z = torch.zeros(n, dtype=torch.float64, device=self.device)
         return self._over_mesh(z + sums[0], z + sums[1])  # a stage without gradients: zeros
 
-    def _clip(self, max_norm: float) -> torch.Tensor:
+    def _clip(self, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Global grad norm (fp32: `sum_squares` of each part, `_over_mesh`); clips to `max_norm`
-        (0 = off) without reading the norm on the host."""
+        (0 = off) without reading the norm on the host. Also returns this rank's stop request
+        summed over the same reductions (TP, FSDP's DP, PP), riding in the same all-reduces."""
         sharded, replicated = (sum_squares([g for _, g in part], self.device) for part in self._local_grads())
-        norm = self._over_mesh(sharded, replicated)[0].sqrt()
+        vote = torch.full((1,), float(stopping.requested() > 0), device=self.device)
+        sums = self._over_mesh(torch.cat((sharded, vote)), torch.cat((replicated, torch.zeros_like(vote))))
+        norm, votes = sums[0].sqrt(), sums[1]
         if max_norm > 0:  # scale by max_norm / norm when above the bound, else by exactly 1
             scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -305,7 +288,7 @@ class Trainer:
                     by_dtype.setdefault(p.grad.dtype, []).append(fully_sharded.local_tensor(p.grad))
             for dtype, grads in by_dtype.items():
                 torch._foreach_mul_(grads, scale.to(dtype))
-        return norm
+        return norm, votes
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -370,13 +353,14 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to `train.steps` (resuming first if `train.resume` says so); returns the summary.
 
-        Per step: one optimiser step, a metrics record (loss, lr, bytes per axis, MFU, peak memory),
-        evaluation every `eval_interval` steps and at the end, checkpoints every
-        `checkpoint_interval` steps and at the end. A stop request (SIGINT/SIGTERM,
-        `taco.train.stopping`) ends the loop after the step in which any rank saw it, with a
-        checkpoint of that step; the summary then names it (`stopped_at`, `checkpoint`). Rank 0 writes
-        `config.toml`, `metrics.jsonl`, TensorBoard, `comm_stats.txt` and `summary.json` to
-        `train.out_dir`. The summary's bytes are per step and per rank, averaged over the job.
+        Per step: one optimiser step, a metrics record (loss, lr, bytes per axis, MFU, peak memory;
+        written when its window is reduced: log, evaluation and checkpoint steps), evaluation
+        every `eval_interval` steps and at the end, checkpoints every `checkpoint_interval` steps
+        and at the end. A stop request (SIGINT/SIGTERM, `taco.train.stopping`) ends the loop after
+        the step in which any rank saw it, with a checkpoint of that step; the summary then names
+        it (`stopped_at`, `checkpoint`). Rank 0 writes `config.toml`, `metrics.jsonl`, TensorBoard,
+        `comm_stats.txt` and `summary.json` to `train.out_dir`. The summary's bytes are per step
+        and per rank, averaged over the job.
         """
         cfg, t, p, c = self.cfg, self.cfg.train, self.cfg.parallel, self.cfg.compression
         self.maybe_resume()
@@ -401,11 +385,13 @@ class Trainer:
         ideal_s = self.flops_per_token * tokens_per_step / (dist.get_world_size() * peak or 1.0)  # at peak
         t_train, steps_done, start_step, val, saved = 0.0, 0, self.step, float("nan"), None
         wire_sum, raw_sum = dict.fromkeys(AXES, 0.0), dict.fromkeys(AXES, 0.0)
+        window, pending = StatsWindow(AXES, self.device), []  # records wait for their window's reduction
         while self.step < t.steps:
             st = self.train_step()
             step = self.step
             t_train += st.seconds
             steps_done += 1
+            window.add(st)
             rec: dict[str, Any] = {
                 "step": step,
                 "loss": st.loss,
@@ -413,22 +399,26 @@ class Trainer:
                 "grad_norm": st.grad_norm,
                 "step_s": st.seconds,
                 "mfu": ideal_s / st.seconds if peak else 0.0,
-                "peak_mem_gib": st.peak_mem / 2**30,
             }
-            for a in AXES:
-                wire_sum[a] += st.wire_bytes[a]
-                raw_sum[a] += st.raw_bytes[a]
-                rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
-                rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
             for hook in self.step_hooks:
                 hook(self, rec)
             if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
                 rec["val_loss"] = val = self.evaluate()
             stop = st.stop and step < t.steps  # SIGINT/SIGTERM: every rank saves this step and stops
-            if step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0) or stop:
+            ckpt = step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0) or stop
+            if ckpt:
                 saved = self.save()
-            logger.write(rec)
-            if step % t.log_interval == 0 or step == t.steps or "val_loss" in rec or stop:
+            pending.append(rec)
+            # the same steps on every rank: the window's one collective, then its records
+            if step % t.log_interval == 0 or step == t.steps or "val_loss" in rec or ckpt:
+                for r, (wire, raw, mem) in zip(pending, window.reduce()):
+                    r["peak_mem_gib"] = mem / 2**30
+                    for a in AXES:
+                        wire_sum[a] += wire[a]
+                        raw_sum[a] += raw[a]
+                        r[f"{a}_wire_bytes"], r[f"{a}_raw_bytes"] = wire[a], raw[a]
+                    logger.write(r)
+                pending = []
                 eta = (t.steps - step) * t_train / steps_done
                 mfu = ideal_s * steps_done / max(t_train, 1e-9) if peak else 0.0
                 logger.progress(rec, tokens_per_step * steps_done / max(t_train, 1e-9), eta, mfu)

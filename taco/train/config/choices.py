@@ -59,6 +59,11 @@ class Dtype(_Choice):
     BF16 = "bf16"
 
 
+class MixedPrecision(_Choice):
+    MASTER = "master"
+    AUTOCAST = "autocast"
+
+
 class CommDtype(_Choice):
     AUTO = "auto"
     INPUT = "input"

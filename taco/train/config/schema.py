@@ -26,6 +26,7 @@ from taco.train.config.choices import (
     DatasetKind,
     Device,
     Dtype,
+    MixedPrecision,
     ModelKind,
     PPSchedule,
     _Choice,
@@ -306,6 +307,18 @@ class TrainConfig(_Section):
         "collectives (NCCL on cuda, gloo on cpu, unless parallel.backend says otherwise) follow it.")})
     dtype: Dtype = field(default=Dtype.FP32, metadata={
         "doc": 'Compute dtype of weights and activations: "fp32" or "bf16" (optimiser state stays fp32).'})
+    mixed_precision: MixedPrecision = field(default=MixedPrecision.MASTER, metadata={"doc": (
+        'How train.dtype = "bf16" trains: "master" = Megatron-Core\'s recipe, bf16 parameters, '
+        "activations and gradients with fp32 master weights in the optimizer (gradients of several "
+        "micro-batches summed in fp32 where no DDP reducer owns them; with parallel.dp_shard, FSDP2 "
+        'gathers bf16 weights and reduces fp32 gradients into its fp32 shards); "autocast" = fp32 '
+        "weights and gradients, bf16 compute under torch.autocast. Ignored with fp32. "
+        "docs/training.md has the measured choice of the default.")})
+    compile: bool = field(default=False, metadata={"doc": (
+        "torch.compile each transformer block of this rank's stage (inductor); the TP collectives are "
+        "custom ops, so a block is one graph. Turns off parallel.overlap_tp_wgrad (the compiled block "
+        "computes its weight gradients itself). Pays where the step is compute-bound; docs/training.md "
+        "has the measurement.")})
     out_dir: str = field(default="", metadata={
         "doc": 'Run directory (logs, resolved config, checkpoints); "" = runs/<name>.'})
     checkpoint_interval: int = field(default=500, metadata={"doc": (
