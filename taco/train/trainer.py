@@ -42,6 +42,7 @@ from taco.parallel import (
     wrap_data_parallel,
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
+from taco.parallel.recompute import apply_recompute
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
 from taco.train import stopping
 from taco.train.autopolicy import AutoPolicy
@@ -139,6 +140,8 @@ class Trainer:
             full, None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg), overlap_wgrad=p.overlap_tp_wgrad,
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
+        layers = [self.model.layers[i] for i in self.stage.layers]
+        apply_recompute(layers, t.recompute.value, tp_context(self.model))  # before DP wraps the blocks
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
         self.emb_group = embedding_group(dims, self.stage.tied)
         self.dp_group = dims.group("dp")
@@ -236,7 +239,11 @@ class Trainer:
         return StepStats(loss.item(), norm.item(), wire, raw, time.perf_counter() - t0, mem, stop)
 
     def _bytes(self) -> list[int]:
-        return [b for a in AXES for b in sent_bytes(self.policies[a])]
+        """(wire, raw) per axis, then the TP traffic of activation recompute (counted apart)."""
+        tp = self.policies["tp"]
+        rec = [s for name, s in tp.recompute_stats.sites.items() if not name.endswith(".recv")]
+        extra = [sum(s.wire_bytes for s in rec), sum(s.raw_bytes for s in rec)]
+        return [b for a in AXES for b in sent_bytes(self.policies[a])] + extra
 
     def _step_totals(self, before: list[int], after: list[int]) -> tuple[dict, dict, float, bool]:
         """(wire, raw) bytes per axis this step, averaged over every rank of the job (ranks differ
@@ -251,8 +258,9 @@ class Trainer:
             d /= dist.get_world_size()
             dist.all_reduce(m, op=dist.ReduceOp.MAX)
         v = torch.cat([d, m]).tolist()
-        wire = {a: v[2 * i] for i, a in enumerate(AXES)}
-        return wire, {a: v[2 * i + 1] for i, a in enumerate(AXES)}, v[-2], v[-1] > 0
+        keys = (*AXES, "tp_recompute")
+        wire = {a: v[2 * i] for i, a in enumerate(keys)}
+        return wire, {a: v[2 * i + 1] for i, a in enumerate(keys)}, v[-2], v[-1] > 0
 
     def _local_grads(self) -> tuple[_Grads, _Grads]:
         """(TP-sharded, replicated) parameters with a gradient, each with its local gradient (FSDP:
@@ -420,6 +428,9 @@ class Trainer:
                 raw_sum[a] += st.raw_bytes[a]
                 rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
                 rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
+            if self.cfg.train.recompute.value != "none":  # recomputed TP traffic, not in tp_*
+                rec["tp_recompute_wire_bytes"] = st.wire_bytes["tp_recompute"]
+                rec["tp_recompute_raw_bytes"] = st.raw_bytes["tp_recompute"]
             for hook in self.step_hooks:
                 hook(self, rec)
             if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
@@ -457,6 +468,8 @@ class Trainer:
         }
         if self.log:
             stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)
+            if self.policies["tp"].recompute_stats.sites:  # re-run by activation recompute, not in [tp]
+                stats += f"\n\n[tp recompute]\n{self.policies['tp'].recompute_stats.summary()}"
             if self.fidelity is not None:  # per-site SQNR of the telemetry steps, the guard's switches
                 stats += f"\n\n[tp fidelity]\n{self.fidelity.summary()}"
             stats += f"\n\n[auto]\n{self.auto.format_table()}" if self.auto is not None else ""

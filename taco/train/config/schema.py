@@ -28,6 +28,7 @@ from taco.train.config.choices import (
     Dtype,
     ModelKind,
     PPSchedule,
+    Recompute,
     _Choice,
 )
 from taco.train.config.coerce import coerce
@@ -306,6 +307,13 @@ class TrainConfig(_Section):
         "collectives (NCCL on cuda, gloo on cpu, unless parallel.backend says otherwise) follow it.")})
     dtype: Dtype = field(default=Dtype.FP32, metadata={
         "doc": 'Compute dtype of weights and activations: "fp32" or "bf16" (optimiser state stays fp32).'})
+    recompute: Recompute = field(default=Recompute.NONE, metadata={"doc": (
+        'Activation recompute per transformer block: "none" keeps every activation for backward; '
+        '"full" keeps only each block\'s input and re-runs its forward (TP collectives included) in '
+        'backward; "selective" keeps the matmul outputs and recomputes the attention core, norms, '
+        "activation functions and residual adds. Losses are bit-identical; recomputed TP traffic is "
+        "counted apart (tp_recompute_* in metrics, [tp recompute] in comm_stats.txt). `taco plan` "
+        "shows the activation memory of each mode (docs/design.md 1.7).")})
     out_dir: str = field(default="", metadata={
         "doc": 'Run directory (logs, resolved config, checkpoints); "" = runs/<name>.'})
     checkpoint_interval: int = field(default=500, metadata={"doc": (
