@@ -6,10 +6,12 @@ forward in `torch.utils.checkpoint` (non-reentrant), one small step applied afte
 data parallelism, so it composes with TP/SP, the pipeline schedules, DDP and FSDP2:
 
 - "full": a block keeps only its inputs; backward re-runs its whole forward, TP collectives included.
-- "selective": a block keeps the outputs of its matrix multiplies (q/k/v, attention out, MLP
-  up/gate/down: `aten.mm`/`aten.addmm`) and recomputes the rest: the attention core (RoPE,
-  scaled-dot-product attention and its reshapes), the norms, the activation function and the
-  residual adds, and the TP collectives between them (torch's selective checkpoint contexts).
+- "selective": a block keeps its input and the outputs of its column-parallel matrix multiplies
+  (q/k/v, MLP up/gate: `aten.mm`/`aten.addmm` outside the residual projections) and recomputes
+  the rest (torch's selective checkpoint contexts): the attention core (RoPE, scaled-dot-product
+  attention and its reshapes), the norms, the activation function, the residual adds, and the
+  attention output projection with its TP collective (one h x h/tp GEMM per layer). The MLP down
+  projection is not re-run: backward needs its input, not its output.
 - "none": nothing changes.
 
 A recomputed TP collective is the same call on the same tensor with the same codec (a group's
@@ -39,16 +41,21 @@ from .mappings import TPContext
 
 RECOMPUTE_MODES = ("none", "full", "selective")
 _KEPT_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)  # selective: matmul outputs kept
+_RESIDUAL_PROJECTIONS = ("attn.out", "mlp.down")  # ...except these (row-parallel with TP)
 _COUNTERS: list[SavedBytes] = []  # the active counters (innermost last); measurement only
+_IN_PROJECTION = [0]  # > 0 while a residual projection of a selective block runs
 
 
 class SavedBytes:
     """`with SavedBytes(model) as c: loss = step()` -> `c.bytes`: bytes kept for backward, each
-    storage once, the parameters of `model` (and views of them) excluded."""
+    storage once, the parameters of `model` (and views of them) excluded. Every micro-batch of
+    the block counts: the counted tensors are held until the block ends, so a storage freed by
+    one micro-batch's backward cannot hand its address to the next one's and go uncounted."""
 
     def __init__(self, model: nn.Module | None = None) -> None:
         self.exclude = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
         self.seen: set[int] = set()
+        self.held: list[torch.Tensor] = []
         self.bytes = 0
 
     def add(self, t: torch.Tensor) -> None:
@@ -58,6 +65,7 @@ class SavedBytes:
         if key in self.exclude or key in self.seen or t.device.type == "meta":
             return
         self.seen.add(key)
+        self.held.append(t)
         self.bytes += st.nbytes()
 
     def add_bytes(self, n: int) -> None:
@@ -82,6 +90,7 @@ class SavedBytes:
 
     def __exit__(self, *exc: object) -> None:
         self._cm.__exit__(*exc)
+        self.held.clear()
 
 
 def _recomputing(ctx: TPContext) -> Any:
@@ -96,12 +105,22 @@ def _matmul_bytes(op: Any, args: tuple) -> int:
 
 
 def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if op in _KEPT_OPS:
+    if op in _KEPT_OPS and not _IN_PROJECTION[0]:
         if not ctx.is_recompute:
             for c in _COUNTERS:
                 c.add_bytes(_matmul_bytes(op, args))
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _projection(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A residual projection's forward, its matmul not kept by a selective block (the flag is
+    reset even when checkpoint stops a recompute early, by raising inside)."""
+    _IN_PROJECTION[0] += 1
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        _IN_PROJECTION[0] -= 1
 
 
 def _contexts(mode: str, ctx: TPContext) -> tuple[Any, Any]:
@@ -142,3 +161,8 @@ def apply_recompute(blocks: Iterable[nn.Module], mode: str, ctx: TPContext) -> N
         return
     for block in blocks:
         block.forward = functools.partial(_checkpointed, block.forward, mode, ctx)
+        if mode != "selective":
+            continue
+        for name in _RESIDUAL_PROJECTIONS:
+            proj = block.get_submodule(name)
+            proj.forward = functools.partial(_projection, proj.forward)
