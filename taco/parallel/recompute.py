@@ -128,6 +128,7 @@ def _contexts(mode: str, ctx: TPContext) -> tuple[Any, Any]:
     if mode == "full":
         return nullcontext(), _recomputing(ctx)
     fwd, rec = create_selective_checkpoint_contexts(_selective_policy)
+
     @contextmanager
     def recompute() -> Iterator[None]:
         with rec, _recomputing(ctx):

@@ -68,20 +68,21 @@ def build_shapes(cfg: Config, data_vocab: int) -> Shapes:
     from taco.models.presets import SIZE_KEYS
     from taco.parallel.pipeline import stage_layers
     from taco.train.build import model_vocab
-    from taco.train.perf import flops_per_token
 
     m, p = cfg.model, cfg.parallel
     vocab, _ = model_vocab(cfg, data_vocab)
     sizes = {key: getattr(m, key) for key in SIZE_KEYS}
-    with torch.device("meta"):
-        model = build(m.kind.value, **{**sizes, "vocab_size": vocab})
+    with torch.device("meta"):  # one block stands for all: the blocks have the same shapes
+        model = build(m.kind.value, **{**sizes, "vocab_size": vocab, "n_layer": 1})
     if p.tp > 1:
         check_tp_size(model, p.tp)  # the trainer's own check: heads, widths, vocabulary over tp
+    stage_layers(m.n_layer, p.pp, 0)  # the trainer's own check: a layer for every stage
     styles = resolve_plan(model)
     tied = model.lm_head.weight is model.tok_emb.weight
     ranges = [stage_layers(m.n_layer, p.pp, i) for i in range(p.pp)]
     per_stage = [0] * p.pp
     dp = p.dp if p.dp_shard and p.dp > 1 else 1
+    total = 0
     for name, param in model.named_parameters():
         owner, _, _ = name.rpartition(".")
         style = styles.get(owner, "replicate")
@@ -93,21 +94,35 @@ def build_shapes(cfg: Config, data_vocab: int) -> Shapes:
         shape[0] = -(-shape[0] // dp)  # FSDP2 shards dim 0, padded to equal shards
         n = math.prod(shape)
         if name.startswith("layers."):
-            i = int(name.split(".")[1])
-            stages = [s for s, r in enumerate(ranges) if i in r]
-        elif name.startswith(("tok_emb", "pos_emb")):
+            total += param.numel() * m.n_layer
+            for s, r in enumerate(ranges):
+                per_stage[s] += n * len(r)
+            continue
+        total += param.numel()
+        if name.startswith(("tok_emb", "pos_emb")):
             stages = [0] + ([p.pp - 1] if tied and p.pp > 1 and name.startswith("tok_emb") else [])
         else:
             stages = [p.pp - 1]
         for s in stages:
             per_stage[s] += n
+    linears = {n: x.weight.numel() for n, x in model.named_modules() if isinstance(x, torch.nn.Linear)}
+    matmul = sum(v * (m.n_layer if n.startswith("layers.") else 1) for n, v in linears.items())
+    attn = m.n_head * m.head_size
     return Shapes(
         kind=m.kind.value, layers=m.n_layer, hidden=m.hidden, heads=m.n_head, kv_heads=m.kv_heads,
-        head_dim=m.head_size, ffn=m.ffn_size, vocab=vocab,
-        params_total=sum(q.numel() for q in model.parameters()), stage_params=per_stage, stage_layers=ranges,
-        flops_per_token=flops_per_token(model, m.n_layer, m.n_head * m.head_size, m.seq_len),
-        matmul_params=sum(x.weight.numel() for x in model.modules() if isinstance(x, torch.nn.Linear)),
+        head_dim=m.head_size, ffn=m.ffn_size, vocab=vocab, params_total=total, stage_params=per_stage,
+        stage_layers=ranges, flops_per_token=6.0 * matmul + 12.0 * m.n_layer * attn * m.seq_len,
+        matmul_params=matmul,
     )  # fmt: skip
+
+
+def comm_elem(cfg: Config) -> int:
+    """Bytes per element of the TP and PP messages (`parallel.tp_comm_dtype`; "auto" and "input"
+    follow `train.dtype`: bf16 training communicates bf16)."""
+    name = cfg.parallel.tp_comm_dtype.value
+    if name in ("auto", "input"):
+        name = cfg.train.dtype.value
+    return 2 if name == "bf16" else 4
 
 
 def micro_batch(cfg: Config) -> int:
