@@ -21,7 +21,9 @@ from tests.dist import run_distributed
 from tests.test_train import tiny_args
 
 CONFIGS = {
-    "gpt-tp2-taco": ["--parallel.tp=2", "--compression.tp_codec=taco", "--model.n_layer=3"],
+    "gpt-tp2-taco-bf16": [
+        "--parallel.tp=2", "--compression.tp_codec=taco", "--model.n_layer=3", "--train.dtype=bf16",
+    ],
     "qwen-tp2-pp2-sp": [
         "--model.kind=qwen", "--model.n_layer=4", "--model.n_head=4", "--model.n_kv_head=2",
         "--parallel.tp=2", "--parallel.pp=2", "--parallel.sp=true", "--parallel.microbatches=2",

@@ -13,16 +13,17 @@ paper by its TP plan and cut into pipeline stages as the trainer cuts it, and
 - the step time of each codec from the alpha-beta cost model (`taco.bench.cost_model`) with a
   GPU and link table the user can override (`taco.train.plan_hw`).
 
-Activations (fp32 activations: 4 bytes; bf16 training: 2, its fp32 statistics kept at 4). Per
-micro-batch of b sequences of s tokens, hidden h, TP degree t, and with sequence parallelism the
-norm region sharded (L = s/t, else L = s), a block saves (elements): GPT: the norm inputs 2 b L h,
-the column-parallel inputs 2 b s h, q, k, v and the attention output 4 b s h/t,
-the MLP up output and the GELU output 8 b s h/t (4h MLP), plus the norm statistics and the
-attention's log-sum-exp; Qwen: each RMSNorm keeps its input and normalised value, the attention
-keeps the rotated q and k, v and the output, the SwiGLU MLP four b s f/t tensors. "full"
-keeps the block input (b L h); "selective" the block input and the column-parallel matmul outputs
-(q, k, v, MLP up/gate). The embedding stage keeps the token ids, the head stage the final norm,
-the head's input and the softmax of the vocab-parallel loss (b s V/t fp32).
+Activations: per micro-batch of b sequences of s tokens, hidden h, TP degree t, and with sequence
+parallelism the norm region sharded (L = s/t, else L = s), a block saves: the norms' inputs (the
+residual stream, 2 b L h; RMSNorm also its normalised value) and statistics, the column-parallel
+inputs (b s h each), q, k, v and the attention output, the log-sum-exp, and the MLP's
+intermediates (GPT: up and GELU outputs, 8 b s h/t; Qwen's SwiGLU: four b s f/t). "full" keeps the
+block input (b L h); "selective" the block input and the column-parallel matmul outputs (q, k, v,
+MLP up/gate). The embedding stage keeps the token ids, the head stage the final norm, the head's
+input and the softmax of the vocab-parallel loss (b s V/t fp32). fp32 training: 4 bytes each;
+bf16 (autocast over fp32 weights): the residual stream, norms and statistics stay fp32, each
+linear keeps its own bf16 copy of its input and weight, the rest is bf16. `tests/test_plan.py`
+checks these counts against saved-tensor hooks in real steps (CPU).
 """
 
 from __future__ import annotations
@@ -131,42 +132,51 @@ def micro_batch(cfg: Config) -> int:
     return cfg.train.batch_size // (p.dp * p.microbatches)
 
 
-def block_activation_elems(sh: Shapes, b: int, s: int, tp: int, sp: bool, mode: str) -> tuple[float, float]:
-    """(elements in the activation dtype, bytes always fp32) one block keeps for backward."""
+def block_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, mode: str, bf16: bool) -> float:
+    """Bytes one block keeps for backward (module docstring). With bf16 autocast the residual
+    stream, the norms and their statistics stay fp32 (the weights are fp32), each linear saves
+    its own bf16 copy of its input and of its weight shard, and the rest is bf16."""
     L = s // tp if sp and tp > 1 else s  # the norm region: sharded along the sequence with SP
-    h, t, hd = sh.hidden, tp, sh.head_dim
+    h, t, hd, f = sh.hidden, tp, sh.head_dim, sh.ffn
     nq, nkv = sh.heads // t, sh.kv_heads // t
+    c = 2 if bf16 else 4  # compute dtype
+    gpt = sh.kind == "gpt"
     if mode == "full":
-        return b * L * h, 0.0
-    if sh.kind == "gpt":
-        cols = 3 * b * s * h / t + 4 * b * s * h / t  # q, k, v; MLP up
-        if mode == "selective":
-            return b * L * h + cols, 0.0
-        elems = 2 * b * L * h + 2 * b * s * h + cols + b * s * h / t + 4 * b * s * h / t
-        return elems, 4.0 * (4 * b * L + b * nq * s)  # LayerNorm mean/rstd x2, log-sum-exp
-    cols = b * s * (nq + 2 * nkv) * hd + 2 * b * s * sh.ffn / t  # q, k, v; gate, up
+        return 4.0 * b * L * h
+    q_kv = b * s * (nq + 2 * nkv) * hd  # q, k, v outputs
+    up = (4 * b * s * h if gpt else 2 * b * s * f) / t  # MLP up (gpt), gate and up (qwen)
     if mode == "selective":
-        return b * L * h + cols, 0.0
-    norms = 2 * (2 * b * L * h + b * s * h)  # per RMSNorm: input, normalised; the linears' input
-    attn = b * s * hd * (nq + 2 * nkv + nq)  # rotated q and k, v, output (its [b, s, h/t] view)
-    mlp = 4 * b * s * sh.ffn / t  # gate out, silu out, up out, their product
-    return norms + attn + mlp, 4.0 * (2 * b * L + b * nq * s)  # rsqrt x2, log-sum-exp
+        return 4.0 * b * L * h + c * (q_kv + up)
+    norm_in = 2 * 4.0 * b * L * h  # the two norms' inputs (the residual stream), fp32
+    stats = 4.0 * (4 * b * L if gpt else 2 * b * L) + 4.0 * b * nq * s  # mean/rstd or rsqrt; log-sum-exp
+    if not gpt:
+        norm_in *= 2  # RMSNorm also keeps its normalised value
+    n_lin = (3, 1) if gpt else (3, 2)  # column-parallel linears of attention and MLP
+    lin_in = c * b * s * h * (sum(n_lin) if bf16 else 2)  # their inputs: one bf16 copy each, else shared
+    if bf16:
+        lin_in += 2.0 * (sh.matmul_params - sh.vocab * sh.hidden) / sh.layers / t  # weight copies
+    if gpt:
+        attn = q_kv + b * s * nq * hd  # q, k, v, output (its [b, s, h/t] view feeds attn.out)
+        mlp = 2 * 4 * b * s * h / t  # up output, GELU output
+    else:
+        attn = b * s * (2 * nq + 2 * nkv) * hd  # rotated q and k, v, output
+        mlp = 4 * b * s * f / t  # gate out, silu out, up out, their product
+    return norm_in + stats + lin_in + c * (attn + mlp)
 
 
 def edge_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, first: bool, last: bool,
-                          act_bytes: int) -> float:  # fmt: skip
+                          bf16: bool) -> float:  # fmt: skip
     """Bytes kept outside the blocks: token ids (first stage), the head and the loss (last)."""
     L = s // tp if sp and tp > 1 else s
-    h = sh.hidden
+    h, c = sh.hidden, 2 if bf16 else 4
     out = 0.0
     if first:
         out += b * s * 8 + (b * s if tp > 1 else 0)  # token ids (int64), the vocab-shard mask
         out += s * 8 if sh.kind == "gpt" else 0  # positions
     if last:
-        norm = b * L * h * act_bytes + (8 if sh.kind == "gpt" else 4) * b * L
-        if sh.kind != "gpt":
-            norm += b * L * h * act_bytes  # RMSNorm's normalised value
-        out += norm + b * s * h * act_bytes  # the head's input
+        gpt = sh.kind == "gpt"
+        out += 4.0 * b * L * h * (1 if gpt else 2) + (8 if gpt else 4) * b * L  # the final norm
+        out += c * b * s * h + (2.0 * sh.vocab * h / tp if bf16 else 0)  # the head's input (+ weight copy)
         out += b * s * (sh.vocab // tp) * 4 + b * s * (9 if tp > 1 else 8)  # softmax fp32, targets, mask
     return out
 
@@ -175,12 +185,11 @@ def activation_bytes(cfg: Config, sh: Shapes, mode: str, stage: int) -> float:
     """Bytes one micro-batch leaves saved for backward on `stage` under recompute `mode`."""
     p, s = cfg.parallel, cfg.model.seq_len
     b = micro_batch(cfg)
-    act = 2 if cfg.train.dtype.value == "bf16" else 4
-    elems, fixed = block_activation_elems(sh, b, s, p.tp, p.sp, mode)
-    n_blocks = len(sh.stage_layers[stage])
-    rope = 2 * s * sh.head_dim * act if sh.kind != "gpt" else 0  # cos/sin, shared by the blocks
-    edges = edge_activation_bytes(sh, b, s, p.tp, p.sp, stage == 0, stage == p.pp - 1, act)
-    return n_blocks * (elems * act + fixed) + rope + edges
+    bf16 = cfg.train.dtype.value == "bf16"
+    block = block_activation_bytes(sh, b, s, p.tp, p.sp, mode, bf16)
+    rope = 2 * 4 * s * sh.head_dim if sh.kind != "gpt" else 0  # cos/sin (fp32), shared by the blocks
+    edges = edge_activation_bytes(sh, b, s, p.tp, p.sp, stage == 0, stage == p.pp - 1, bf16)
+    return len(sh.stage_layers[stage]) * block + rope + edges
 
 
 def in_flight(cfg: Config, stage: int) -> int:
