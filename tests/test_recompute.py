@@ -28,8 +28,9 @@ def _run(args: list[str], mode: str, steps: int) -> dict:
     tp = tr.policies["tp"]
     sites = {n: (s.calls, s.wire_bytes) for n, s in tp.stats.sites.items()}
     again = {n: (s.calls, s.wire_bytes) for n, s in tp.recompute_stats.sites.items()}
-    grads = [p.detach().clone() for p in tr.stage.parameters()]
-    return {"losses": losses, "saved": saved, "sites": sites, "recompute": again, "params": grads}
+    local = [getattr(p, "to_local", lambda p=p: p)() for p in tr.stage.parameters()]  # FSDP2: shards
+    weights = [w.detach().clone() for w in local]
+    return {"losses": losses, "saved": saved, "sites": sites, "recompute": again, "params": weights}
 
 
 def _modes_body(rank: int, world: int, args: list[str], steps: int) -> dict:
@@ -53,3 +54,23 @@ def test_recompute_is_bit_identical_and_counts_each_site_once(corpus, tmp_path, 
     args = [*tiny_args(corpus, tmp_path / "run"), "--parallel.tp=2", f"--compression.tp_codec={codec}"]
     res = run_distributed(_modes_body, 2, args, 3)
     _check_modes(res[0])
+
+
+MESHES = {
+    "qwen-tp2-pp2-sp-1f1b": [
+        "--model.kind=qwen", "--model.n_layer=4", "--model.n_head=4", "--model.n_kv_head=2",
+        "--parallel.tp=2", "--parallel.pp=2", "--parallel.sp=true", "--parallel.microbatches=2",
+        "--compression.tp_codec=taco", "--compression.pp_codec=int8-hadamard",
+    ],
+    "gpt-dp2-tp2-ddp": ["--parallel.tp=2", "--parallel.dp=2", "--compression.tp_codec=taco",
+                        "--compression.dp_codec=int8-hadamard"],
+    "gpt-dp2-tp2-fsdp2": ["--parallel.tp=2", "--parallel.dp=2", "--parallel.dp_shard=true",
+                          "--compression.tp_codec=int6-hadamard"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_recompute_composes_with_pipelines_and_data_parallelism(corpus, tmp_path, mesh):
+    args = [*tiny_args(corpus, tmp_path / "run"), *MESHES[mesh]]
+    for res in run_distributed(_modes_body, 4, args, 2):
+        _check_modes(res)

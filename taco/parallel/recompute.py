@@ -53,7 +53,8 @@ class SavedBytes:
     one micro-batch's backward cannot hand its address to the next one's and go uncounted."""
 
     def __init__(self, model: nn.Module | None = None) -> None:
-        self.exclude = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
+        params = [getattr(p, "to_local", lambda p=p: p)() for p in model.parameters()] if model else []
+        self.exclude = {p.untyped_storage().data_ptr() for p in params}  # FSDP2: the local shards
         self.seen: set[int] = set()
         self.held: list[torch.Tensor] = []
         self.bytes = 0
