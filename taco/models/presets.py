@@ -11,7 +11,7 @@ config layer reads it before any model exists.
 tokenizer, `n_kv_head` = n_head, `head_dim` = hidden // n_head, `intermediate` = `ffn_size(...)`,
 `max_positions` = seq_len.
 
-Real shapes (GPT-2 small to XL, Qwen2.5-7B/14B/32B, Llama-3-8B/70B) are here for `taco plan` and for
+Real shapes (GPT-2 small to XL, Qwen2.5-7B/14B/32B, Qwen3-8B, Llama-3-8B/70B) are here for `taco plan` and for
 random-init training at those shapes (`--model.preset=llama3-8b`); their `seq_len` is a fine-tuning
 length (4096; GPT-2: its 1024 context), `max_positions` the checkpoint's context. Llama 3 has no
 family of its own yet: its presets run on the qwen family (RMSNorm, RoPE, SwiGLU, grouped-query
@@ -101,6 +101,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-32b": dict(
         kind="qwen", vocab_size=152064, n_layer=64, n_head=40, n_kv_head=8, hidden=5120, intermediate=27648,
         seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
+    ),
+    # Qwen3-8B: an 8B-class model whose heads (32, kv 8) split 8 ways, loadable with model.init_from
+    "qwen3-8b": dict(
+        kind="qwen", vocab_size=151936, n_layer=36, n_head=32, n_kv_head=8, hidden=4096, head_dim=128,
+        intermediate=12288, seq_len=4096, max_positions=40960, tie_embeddings=False, qk_norm=True,
+        rope_theta=1e6, norm_eps=1e-6,
     ),
     # Llama 3 on the qwen family (module docstring: + q/k/v biases)
     "llama3-8b": dict(

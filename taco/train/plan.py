@@ -52,6 +52,7 @@ class Shapes:
     ffn: int
     vocab: int
     params_total: int
+    qk_norm: bool = False
     stage_params: list[int] = field(default_factory=list)
     """elements of parameters this rank holds on each pipeline stage (TP shard, FSDP shard)"""
     stage_layers: list[range] = field(default_factory=list)
@@ -111,7 +112,8 @@ def build_shapes(cfg: Config, data_vocab: int) -> Shapes:
     attn = m.n_head * m.head_size
     return Shapes(
         kind=m.kind.value, layers=m.n_layer, hidden=m.hidden, heads=m.n_head, kv_heads=m.kv_heads,
-        head_dim=m.head_size, ffn=m.ffn_size, vocab=vocab, params_total=total, stage_params=per_stage,
+        head_dim=m.head_size, ffn=m.ffn_size, vocab=vocab, params_total=total, qk_norm=m.qk_norm,
+        stage_params=per_stage,
         stage_layers=ranges, flops_per_token=6.0 * matmul + 12.0 * m.n_layer * attn * m.seq_len,
         matmul_params=matmul,
     )  # fmt: skip
@@ -161,6 +163,10 @@ def block_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, mode: 
     else:
         attn = b * s * (2 * nq + 2 * nkv) * hd  # rotated q and k, v, output
         mlp = 4 * b * s * f / t  # gate out, silu out, up out, their product
+        if sh.qk_norm:  # per-head RMSNorm of q and k: fp32 input, rsqrt, normalised value
+            heads = b * s * (nq + nkv)
+            stats += 4.0 * heads * hd + 4.0 * heads
+            attn += heads * hd
     return norm_in + stats + lin_in + c * (attn + mlp)
 
 
