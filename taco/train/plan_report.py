@@ -187,7 +187,7 @@ def step_time(cfg: Config, sh: P.Shapes, hw: Hardware, stage: int, tp_codec: str
 def data_vocab(cfg: Config) -> tuple[int, str]:
     """(the data's vocabulary, where it comes from): the prepared data set's, else data.vocab_size."""
     if cfg.model.vocab_size or cfg.model.init_from:
-        return cfg.model.vocab_size, "model"
+        return cfg.model.vocab_size, "model.vocab_size" if not cfg.model.init_from else "model.init_from"
     try:
         from taco.train.data import resolve_data_dir
         from taco.train.data.dataset import TokenDataset
