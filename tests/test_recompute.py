@@ -74,3 +74,31 @@ def test_recompute_composes_with_pipelines_and_data_parallelism(corpus, tmp_path
     args = [*tiny_args(corpus, tmp_path / "run"), *MESHES[mesh]]
     for res in run_distributed(_modes_body, 4, args, 2):
         _check_modes(res)
+
+
+def _policy_body(rank: int, world: int) -> None:
+    from taco import comm
+    from taco.comm import CommPolicy
+
+    seen: list[str] = []
+    pol = CommPolicy(codec="taco", observer=lambda site, op, x, codec: seen.append(site))
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(rank))
+    first = comm.all_reduce(x, site="s.fwd", policy=pol)
+    with pol.recomputing():
+        again = comm.all_reduce(x, site="s.fwd", policy=pol)
+    assert torch.equal(first, again), "a recomputed collective must return the same bytes"
+    assert seen == ["s.fwd"], seen  # the observer (calibration, telemetry, auto policy) once
+    assert pol.stats["s.fwd"].calls == 1 and pol.recompute_stats["s.fwd"].calls == 1
+    assert pol.stats["s.fwd"].wire_bytes == pol.recompute_stats["s.fwd"].wire_bytes > 0
+    assert not pol.recompute
+
+
+def test_a_recomputing_policy_counts_apart_and_hides_calls_from_its_observer():
+    run_distributed(_policy_body, 2)
+
+
+def test_calibration_and_telemetry_see_each_site_once_under_recompute(corpus, tmp_path):
+    args = [*tiny_args(corpus, tmp_path / "run"), "--parallel.tp=2", "--compression.tp_codec=taco",
+            "--compression.calibrate=true", "--compression.calibrate_steps=1",
+            "--compression.telemetry_every=1"]  # fmt: skip
+    _check_modes(run_distributed(_modes_body, 2, args, 3)[0])  # the same choices, losses and statistics

@@ -11,13 +11,13 @@ config layer reads it before any model exists.
 tokenizer, `n_kv_head` = n_head, `head_dim` = hidden // n_head, `intermediate` = `ffn_size(...)`,
 `max_positions` = seq_len.
 
-Real shapes (GPT-2 small to XL, Qwen2.5-7B/14B/32B, Qwen3-8B, Llama-3-8B/70B) are here for `taco plan` and for
-random-init training at those shapes (`--model.preset=llama3-8b`); their `seq_len` is a fine-tuning
-length (4096; GPT-2: its 1024 context), `max_positions` the checkpoint's context. Llama 3 has no
-family of its own yet: its presets run on the qwen family (RMSNorm, RoPE, SwiGLU, grouped-query
-attention; rope_theta 5e5), which differs from Llama in one thing, Qwen2's biases on q, k and v
-(hidden + 2 * kv_heads * head_dim parameters per layer: 0.08% of Llama-3-8B); Llama 3.1's RoPE
-frequency scaling is not modelled either.
+Real shapes (GPT-2 small to XL, Qwen2.5-7B/14B/32B, Qwen3-8B, Llama-3-8B/70B) are here for
+`taco plan` and for random-init training at those shapes (`--model.preset=llama3-8b`); their
+`seq_len` is a fine-tuning length (4096; GPT-2: its 1024 context), `max_positions` the
+checkpoint's context. Llama 3 has no family of its own yet: its presets run on the qwen family
+(RMSNorm, RoPE, SwiGLU, grouped-query attention; rope_theta 5e5), which differs from Llama in one
+thing, Qwen2's biases on q, k and v (hidden + 2 * kv_heads * head_dim parameters per layer:
+196,608 in all for Llama-3-8B, 0.002%); Llama 3.1's RoPE frequency scaling is not modelled either.
 """
 
 from __future__ import annotations
