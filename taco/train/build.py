@@ -112,9 +112,11 @@ def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
     )
 
 
-def sent_bytes(policy: CommPolicy) -> tuple[int, int]:
-    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded)."""
-    sites = [s for name, s in policy.stats.sites.items() if not name.endswith(".recv")]
+def sent_bytes(policy: CommPolicy, recompute: bool = False) -> tuple[int, int]:
+    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded);
+    `recompute`: those that activation recompute re-sent, counted apart."""
+    stats = policy.recompute_stats if recompute else policy.stats
+    sites = [s for name, s in stats.sites.items() if not name.endswith(".recv")]
     return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
 
 

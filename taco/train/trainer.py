@@ -240,10 +240,7 @@ class Trainer:
 
     def _bytes(self) -> list[int]:
         """(wire, raw) per axis, then the TP traffic of activation recompute (counted apart)."""
-        tp = self.policies["tp"]
-        rec = [s for name, s in tp.recompute_stats.sites.items() if not name.endswith(".recv")]
-        extra = [sum(s.wire_bytes for s in rec), sum(s.raw_bytes for s in rec)]
-        return [b for a in AXES for b in sent_bytes(self.policies[a])] + extra
+        return [b for a in AXES for b in sent_bytes(self.policies[a])] + [*sent_bytes(self.policy, True)]
 
     def _step_totals(self, before: list[int], after: list[int]) -> tuple[dict, dict, float, bool]:
         """(wire, raw) bytes per axis this step, averaged over every rank of the job (ranks differ
@@ -428,9 +425,9 @@ class Trainer:
                 raw_sum[a] += st.raw_bytes[a]
                 rec[f"{a}_wire_bytes"] = st.wire_bytes[a]
                 rec[f"{a}_raw_bytes"] = st.raw_bytes[a]
-            if self.cfg.train.recompute.value != "none":  # recomputed TP traffic, not in tp_*
-                rec["tp_recompute_wire_bytes"] = st.wire_bytes["tp_recompute"]
-                rec["tp_recompute_raw_bytes"] = st.raw_bytes["tp_recompute"]
+            if t.recompute.value != "none":  # recomputed TP traffic, not in tp_*
+                rec.update(tp_recompute_wire_bytes=st.wire_bytes["tp_recompute"],
+                           tp_recompute_raw_bytes=st.raw_bytes["tp_recompute"])  # fmt: skip
             for hook in self.step_hooks:
                 hook(self, rec)
             if (t.eval_interval and step % t.eval_interval == 0) or step == t.steps:  # 0: at the end
