@@ -39,6 +39,12 @@ FT = [
     "--train.eval_interval=20",
 ]  # fmt: skip
 """The fine-tuning run of docs/fine-tuning.md (after --model.init_from), as examples/finetune_hf.py has it"""
+PLAN = [
+    "--model.preset=qwen3-8b", "--parallel.tp=8", "--parallel.sp=true", "--train.dtype=bf16",
+    "--train.batch_size=8", "--parallel.microbatches=4", "--train.recompute=selective",
+    "--compression.tp_codec=int6-hadamard",
+]  # fmt: skip
+"""The 8B-class layout of docs/plan.md: TP=8 on one node"""
 
 
 @dataclass
@@ -69,6 +75,10 @@ EXAMPLES = {
             ["taco", "export", "--run", "runs/ft-qwen2", "--out", "runs/ft-qwen2/hf"],
             ["python", "examples/finetune_hf.py", "check", "runs/ft-qwen2"],
         ],
+    ),
+    "plan": Example(
+        "plan.md",
+        [["taco", "plan", *PLAN, "--gpu", "h100", "--link", link] for link in ("nvlink", "pcie5")],
     ),
 }  # fmt: skip
 

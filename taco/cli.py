@@ -1,4 +1,5 @@
-"""The `taco` console script: train, calibrate, compare, bench, data, export, config (docs/design.md 2.2).
+"""The `taco` console script: train, calibrate, compare, bench, plan, data, export, config
+(docs/design.md 2.2).
 
 Each subcommand's module adds its own arguments; heavy imports happen only when it runs.
 """
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_subparsers(bsub)
 
+    from taco.train.plan_report import add_plan_subparser
+
+    add_plan_subparser(sub)
     add_data_subparser(sub)
     add_export_subparser(sub)
     add_config_subparser(sub)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 CPU_STEPS = [
     "setup", "codec-check", "kernel-tests", "codec-bandwidth", "host-overhead", "allreduce-replay",
-    "comm-loopback", "train-data", "train",
+    "comm-loopback", "train-data", "train", "recompute",
 ]  # fmt: skip
 
 
@@ -60,5 +60,6 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert "passed" in steps["comm-loopback"]["key"]
     assert "params on cpu" in steps["train"]["key"]
     assert (tmp_path / "train" / "metrics.jsonl").is_file()
+    assert "full: saved/plan 1.000" in steps["recompute"]["key"], steps["recompute"]  # exact on the CPU
     assert steps["train-tp2"]["status"].startswith("skipped") and "needs two" in steps["train-tp2"]["status"]
     assert p.returncode == 0

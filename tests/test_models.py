@@ -286,10 +286,16 @@ def test_check_tp_size() -> None:
 
 
 # Parameters at a 4096-token vocabulary (tiny presets) or at the checkpoint's vocabulary (public
-# shapes: the published counts of gpt2, gpt2-medium, Qwen2.5-0.5B, Qwen3-0.6B, tied embeddings once).
+# shapes: the published counts of gpt2 to gpt2-xl, Qwen2.5-0.5B/7B/14B/32B, Qwen3-0.6B/8B, tied
+# embeddings once; Llama-3-8B/70B's published 8,030,261,248 and 70,553,706,496 plus the qwen
+# family's q/k/v biases, hidden + 2 * kv_heads * head_dim per layer).
 PRESET_PARAMS = {
     "gpt-demo": 1_334_016, "gpt-small": 7_432_704, "qwen-demo": 1_312_896, "qwen-small": 5_771_264,
     "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920,
+    "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200, "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-14b": 14_770_033_664, "qwen2.5-32b": 32_763_876_352, "qwen3-8b": 8_190_735_360,
+    "llama3-8b": 8_030_261_248 + 32 * (4096 + 2 * 8 * 128),
+    "llama3-70b": 70_553_706_496 + 80 * (8192 + 2 * 8 * 128),
 }  # fmt: skip
 
 

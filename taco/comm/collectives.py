@@ -96,18 +96,20 @@ class _Call:
             )
         if self.codec is not None:
             check_axis(self.codec, x.shape)  # before any communication, like every argument check
-        if policy is not None and policy.observer is not None:
+        replay = policy is not None and policy.recompute  # activation recompute: counted apart
+        if policy is not None and policy.observer is not None and not replay:
             policy.observer(self.name, op, x, self.codec)
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.rank < 0:
             raise ValueError(f"taco.comm.{op}: this rank is not a member of the given group")
-        self.site = policy.stats.site(self.name) if policy is not None else None
+        stats = None if policy is None else policy.recompute_stats if replay else policy.stats
+        self.site = stats.site(self.name) if stats is not None else None
         if self.site is not None:
             self.site.calls += 1
         # sampled NaN/Inf check of the result, decided now (async results arrive out of order)
-        self.check = self.site is not None and self.site.due(policy.nonfinite_check_every)
-        self.clock = policy.stats.clock(self.site, x.device) if policy else Clock(None, False, x.device)
+        self.check = self.site is not None and not replay and self.site.due(policy.nonfinite_check_every)
+        self.clock = stats.clock(self.site, x.device) if stats is not None else Clock(None, False, x.device)
         if self.codec is not None and x.dtype not in FLOAT_DTYPES:
             self.fallback(f"dtype {x.dtype} is not supported by the codecs")
         elif self.codec is not None and x.layout != torch.strided:

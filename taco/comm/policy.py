@@ -10,7 +10,8 @@ global, so two policies can coexist in one process (e.g. a TP policy and a PP po
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +120,13 @@ class CommPolicy:
     stats: CommStats = field(default_factory=CommStats)
     """per-site statistics of the calls made with this policy (its summary ends with the
     buffer cache's high-water line)"""
+    recompute_stats: CommStats = field(default_factory=CommStats)
+    """per-site statistics of the calls made while `recomputing` (activation recompute re-running a
+    block's forward in backward): kept apart, so `stats` counts each site once per step"""
     buffers: BufferCache = field(init=False, repr=False)
     """send/receive buffers reused across calls and sites, capped by `max_cached_bytes`"""
+    recompute: bool = field(default=False, init=False)
+    """True inside `recomputing()`: calls count into `recompute_stats` and skip `observer`"""
 
     def __post_init__(self) -> None:
         if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int) or self.min_bytes < 0:
@@ -135,6 +141,7 @@ class CommPolicy:
             raise ValueError(f"nonfinite_check_every must be an int >= 0, got {k!r}")
         self.buffers = BufferCache(self.max_cached_bytes)  # validates the cap
         self.stats.buffers = self.buffers
+        self.recompute_stats.buffers = self.buffers
         # Build every codec now: a typo fails at construction, not at the first call of a site.
         self._default = make_codec(self.codec, self.options)
         self._overrides = [(glob, make_codec(spec)) for glob, spec in self.overrides.items()]
@@ -152,6 +159,17 @@ class CommPolicy:
     def site_codecs(self) -> dict[str, str]:
         """The exact-site codecs set with `set_site_codec` (site -> spec, "none" for plain)."""
         return {s: c.spec if c is not None else "none" for s, c in self._sites.items()}
+
+    @contextmanager
+    def recomputing(self) -> Iterator[None]:
+        """Calls made inside count into `recompute_stats`, not `stats`, and are not shown to the
+        `observer` (calibration, telemetry and the auto policy see each site once per step). The
+        codec of a site is the same as outside, so a recomputed collective returns the same bytes."""
+        prev, self.recompute = self.recompute, True
+        try:
+            yield
+        finally:
+            self.recompute = prev
 
     def codec_for(self, site: str | None, numel: int, dtype: torch.dtype) -> Codec | None:
         """The codec for one message of `numel` elements of `dtype` at `site` (None: plain)."""

@@ -10,6 +10,14 @@ config layer reads it before any model exists.
 `SIZE_DEFAULTS` gives every neutral name its default; a 0 means "derived": `vocab_size` from the
 tokenizer, `n_kv_head` = n_head, `head_dim` = hidden // n_head, `intermediate` = `ffn_size(...)`,
 `max_positions` = seq_len.
+
+Real shapes (GPT-2 small to XL, Qwen2.5-7B/14B/32B, Qwen3-8B, Llama-3-8B/70B) are here for
+`taco plan` and for random-init training at those shapes (`--model.preset=llama3-8b`); their
+`seq_len` is a fine-tuning length (4096; GPT-2: its 1024 context), `max_positions` the
+checkpoint's context. Llama 3 has no family of its own yet: its presets run on the qwen family
+(RMSNorm, RoPE, SwiGLU, grouped-query attention; rope_theta 5e5), which differs from Llama in one
+thing, Qwen2's biases on q, k and v (hidden + 2 * kv_heads * head_dim parameters per layer:
+196,608 in all for Llama-3-8B, 0.002%); Llama 3.1's RoPE frequency scaling is not modelled either.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Shapes of public checkpoints (for model.init_from); vocab_size is the checkpoint tokenizer's.
     "gpt2": dict(kind="gpt", vocab_size=50257, n_layer=12, n_head=12, hidden=768, seq_len=1024),
     "gpt2-medium": dict(kind="gpt", vocab_size=50257, n_layer=24, n_head=16, hidden=1024, seq_len=1024),
+    "gpt2-large": dict(kind="gpt", vocab_size=50257, n_layer=36, n_head=20, hidden=1280, seq_len=1024),
+    "gpt2-xl": dict(kind="gpt", vocab_size=50257, n_layer=48, n_head=25, hidden=1600, seq_len=1024),
     "qwen2.5-0.5b": dict(
         kind="qwen", vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, hidden=896, intermediate=4864,
         seq_len=2048, rope_theta=1e6, norm_eps=1e-6,
@@ -78,5 +88,33 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": dict(
         kind="qwen", vocab_size=151936, n_layer=28, n_head=16, n_kv_head=8, hidden=1024, head_dim=128,
         intermediate=3072, seq_len=2048, qk_norm=True, rope_theta=1e6, norm_eps=1e-6,
+    ),
+    # Qwen2.5 (untied embeddings from 7B on; q/k/v biases, rope_theta 1e6)
+    "qwen2.5-7b": dict(
+        kind="qwen", vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4, hidden=3584, intermediate=18944,
+        seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
+    ),
+    "qwen2.5-14b": dict(
+        kind="qwen", vocab_size=152064, n_layer=48, n_head=40, n_kv_head=8, hidden=5120, intermediate=13824,
+        seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
+    ),
+    "qwen2.5-32b": dict(
+        kind="qwen", vocab_size=152064, n_layer=64, n_head=40, n_kv_head=8, hidden=5120, intermediate=27648,
+        seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
+    ),
+    # Qwen3-8B: an 8B-class model whose heads (32, kv 8) split 8 ways, loadable with model.init_from
+    "qwen3-8b": dict(
+        kind="qwen", vocab_size=151936, n_layer=36, n_head=32, n_kv_head=8, hidden=4096, head_dim=128,
+        intermediate=12288, seq_len=4096, max_positions=40960, tie_embeddings=False, qk_norm=True,
+        rope_theta=1e6, norm_eps=1e-6,
+    ),
+    # Llama 3 on the qwen family (module docstring: + q/k/v biases)
+    "llama3-8b": dict(
+        kind="qwen", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, hidden=4096, intermediate=14336,
+        seq_len=4096, max_positions=8192, tie_embeddings=False, rope_theta=5e5, norm_eps=1e-5,
+    ),
+    "llama3-70b": dict(
+        kind="qwen", vocab_size=128256, n_layer=80, n_head=64, n_kv_head=8, hidden=8192, intermediate=28672,
+        seq_len=4096, max_positions=8192, tie_embeddings=False, rope_theta=5e5, norm_eps=1e-5,
     ),
 }  # fmt: skip

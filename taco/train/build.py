@@ -31,11 +31,16 @@ def model_vocab(cfg: Config, data_vocab: int) -> tuple[int, int | None]:
 
     Random init: `model.vocab_size`, or 0 = the data's tokenizer padded to a multiple of 128 (the
     padded rows are part of the model, never targets, and learn to stay low; the model is the same
-    for every tp). `model.init_from`: the checkpoint's vocabulary padded to a multiple of 128 * tp,
-    the padded logits masked out of the loss, so training is exactly the unpadded model's.
+    for every tp); an explicit `model.vocab_size` that tp does not divide (GPT-2's 50257) is padded
+    to a multiple of 128 * tp and masked as a checkpoint's. `model.init_from`: the checkpoint's
+    vocabulary padded to a multiple of 128 * tp, the padded logits masked out of the loss, so
+    training is exactly the unpadded model's.
     """
     m = cfg.model
     if not m.init_from:
+        tp = cfg.parallel.tp
+        if m.vocab_size and m.vocab_size % tp:  # e.g. GPT-2's 50257 (a preset): padded as a checkpoint's
+            return padded_vocab(m.vocab_size, VOCAB_MULTIPLE * tp), m.vocab_size
         return m.vocab_size or padded_vocab(data_vocab, VOCAB_MULTIPLE), None
     from taco.models import read_hf_config
 
@@ -108,9 +113,11 @@ def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
     )
 
 
-def sent_bytes(policy: CommPolicy) -> tuple[int, int]:
-    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded)."""
-    sites = [s for name, s in policy.stats.sites.items() if not name.endswith(".recv")]
+def sent_bytes(policy: CommPolicy, recompute: bool = False) -> tuple[int, int]:
+    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded);
+    `recompute`: those that activation recompute re-sent, counted apart."""
+    stats = policy.recompute_stats if recompute else policy.stats
+    sites = [s for name, s in stats.sites.items() if not name.endswith(".recv")]
     return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
 
 

@@ -42,6 +42,7 @@ from taco.parallel import (
 )
 from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer_state, plain_allreduce_bytes
 from taco.parallel.master_weights import MasterWeightsOptimizer
+from taco.parallel.recompute import apply_recompute
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
 from taco.train import stopping
 from taco.train.autopolicy import AutoPolicy
@@ -71,6 +72,8 @@ from taco.train.window import StatsWindow, StepStats
 
 _Grads = list[tuple[torch.nn.Parameter, torch.Tensor]]
 """(parameter, its local gradient) pairs"""
+STAT_KEYS = (*AXES, "tp_recompute")
+"""the per-step byte counters: each axis, then the TP traffic re-sent by activation recompute"""
 # whether this torch's _foreach_norm takes an output dtype (bf16 gradients accumulated in fp32)
 _NORM_DTYPE = "dtype" in str(torch.ops.aten._foreach_norm.Scalar._schema)
 
@@ -127,6 +130,8 @@ class Trainer:
             full, None, dims, self.policy, comm_dtype=tp_comm_dtype(cfg), overlap_wgrad=p.overlap_tp_wgrad,
         )
         self.stage = PipelineStage(self.model, dims.pp_rank, dims.pp)  # keeps this stage's layers
+        layers = [self.model.layers[i] for i in self.stage.layers]
+        apply_recompute(layers, t.recompute.value, tp_context(self.model))  # before DP wraps the blocks
         self.stage.to(self.device)  # built and sharded on the CPU: the same weights on every device
         self.sharded = p.dp_shard and dims.group("dp") is not None  # FSDP2 (taco.parallel.fully_sharded)
         fp32_init = prepare_stage(cfg, self.stage, self.model, self.sharded)  # compile, bf16 cast
@@ -225,14 +230,15 @@ class Trainer:
         self.opt.step()
         self.step += 1
         d = [a - b for a, b in zip(self._bytes(), before)]
-        wire = {a: float(d[2 * i]) for i, a in enumerate(AXES)}
-        raw = {a: float(d[2 * i + 1]) for i, a in enumerate(AXES)}
+        wire = {a: float(d[2 * i]) for i, a in enumerate(STAT_KEYS)}
+        raw = {a: float(d[2 * i + 1]) for i, a in enumerate(STAT_KEYS)}
         lo, no, votes = torch.stack((loss, norm, self.stop_votes)).tolist()  # waits for the step
         mem = float(peak_memory_bytes(self.device))
         return StepStats(lo, no, wire, raw, time.perf_counter() - t0, mem, votes > 0)
 
     def _bytes(self) -> list[int]:
-        return [b for a in AXES for b in sent_bytes(self.policies[a])]
+        """(wire, raw) per axis, then the TP traffic of activation recompute (counted apart)."""
+        return [b for a in AXES for b in sent_bytes(self.policies[a])] + [*sent_bytes(self.policy, True)]
 
     def _local_grads(self) -> tuple[_Grads, _Grads]:
         """(TP-sharded, replicated) parameters with a gradient, each with its local gradient (FSDP:
@@ -385,7 +391,7 @@ class Trainer:
         ideal_s = self.flops_per_token * tokens_per_step / (dist.get_world_size() * peak or 1.0)  # at peak
         t_train, steps_done, start_step, val, saved = 0.0, 0, self.step, float("nan"), None
         wire_sum, raw_sum = dict.fromkeys(AXES, 0.0), dict.fromkeys(AXES, 0.0)
-        window, pending = StatsWindow(AXES, self.device), []  # records wait for their window's reduction
+        window, pending = StatsWindow(STAT_KEYS, self.device), []  # records wait for their window's reduction
         while self.step < t.steps:
             st = self.train_step()
             step = self.step
@@ -417,6 +423,9 @@ class Trainer:
                         wire_sum[a] += wire[a]
                         raw_sum[a] += raw[a]
                         r[f"{a}_wire_bytes"], r[f"{a}_raw_bytes"] = wire[a], raw[a]
+                    if t.recompute.value != "none":  # recomputed TP traffic, not in tp_*
+                        r["tp_recompute_wire_bytes"] = wire["tp_recompute"]
+                        r["tp_recompute_raw_bytes"] = raw["tp_recompute"]
                     logger.write(r)
                 pending = []
                 eta = (t.steps - step) * t_train / steps_done
@@ -447,6 +456,8 @@ class Trainer:
         }
         if self.log:
             stats = "\n\n".join(f"[{a}]\n{self.policies[a].stats.summary()}" for a in AXES)
+            if self.policies["tp"].recompute_stats.sites:  # re-run by activation recompute, not in [tp]
+                stats += f"\n\n[tp recompute]\n{self.policies['tp'].recompute_stats.summary()}"
             if self.fidelity is not None:  # per-site SQNR of the telemetry steps, the guard's switches
                 stats += f"\n\n[tp fidelity]\n{self.fidelity.summary()}"
             stats += f"\n\n[auto]\n{self.auto.format_table()}" if self.auto is not None else ""

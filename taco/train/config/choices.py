@@ -71,6 +71,12 @@ class CommDtype(_Choice):
     BF16 = "bf16"
 
 
+class Recompute(_Choice):
+    NONE = "none"
+    FULL = "full"
+    SELECTIVE = "selective"
+
+
 class DatasetKind(_Choice):
     SHAKESPEARE = "shakespeare"
     TOKENS = "tokens"

@@ -29,6 +29,7 @@ from taco.train.config.choices import (
     MixedPrecision,
     ModelKind,
     PPSchedule,
+    Recompute,
     _Choice,
 )
 from taco.train.config.coerce import coerce
@@ -319,6 +320,13 @@ class TrainConfig(_Section):
         "custom ops, so a block is one graph. Turns off parallel.overlap_tp_wgrad (the compiled block "
         "computes its weight gradients itself). Pays where the step is compute-bound; docs/training.md "
         "has the measurement.")})
+    recompute: Recompute = field(default=Recompute.NONE, metadata={"doc": (
+        'Activation recompute per transformer block: "none" keeps every activation for backward; '
+        '"full" keeps only each block\'s input and re-runs its forward (TP collectives included) in '
+        'backward; "selective" keeps the matmul outputs and recomputes the attention core, norms, '
+        "activation functions and residual adds. Losses are bit-identical; recomputed TP traffic is "
+        "counted apart (tp_recompute_* in metrics, [tp recompute] in comm_stats.txt). `taco plan` "
+        "shows the activation memory of each mode (docs/design.md 1.7).")})
     out_dir: str = field(default="", metadata={
         "doc": 'Run directory (logs, resolved config, checkpoints); "" = runs/<name>.'})
     checkpoint_interval: int = field(default=500, metadata={"doc": (
