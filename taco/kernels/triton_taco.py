@@ -359,8 +359,9 @@ LAUNCH = {
 compiled for sm_90: registers and spills; docs/design.md 1.3). Eight warps on half the tiles of
 four: a tile's values spread over twice the threads. One stage: the tile loop carries no loads
 worth prefetching (each tile is read once) and more stages only hold registers and shared memory.
-The integer codecs' decode-sum-encode fits 168 registers without spilling (208-226 uncapped);
-the FP8 and taco ones have no cap: capped at 168 they spill more than at their natural 255."""
+The integer codecs' decode-sum-encode fits 168 registers without spilling (208-226 uncapped), but
+for int4 (211 uncapped, spills when capped); the FP8 and taco ones have no cap: capped at 168 they
+spill more than at their natural 255. At eight warps any count from 129 to 255 leaves one CTA per SM."""
 
 
 def _geometry(g: int) -> tuple[int, int]:
@@ -443,7 +444,8 @@ class _Spec:
         self.sqrt_g = math.sqrt(g)
         self.pb, self.sb = g * bits // 8, _SCALE_DTYPE[sfmt].itemsize  # bytes per group's payload, scale
         self.sdtype = _SCALE_DTYPE[sfmt]
-        self.dse_launch = "decode_sum_encode_int" if self.kind == 2 else "decode_sum_encode"
+        # capped where that costs no spill (int4's nibbles spill 48 bytes under the cap: kernel_resources)
+        self.dse_launch = "decode_sum_encode_int" if self.kind == 2 and bits != 4 else "decode_sum_encode"
         self._consts = dict(
             KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
             BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs, PICK=self.pick, PB=self.pb, SB=self.sb,
