@@ -375,12 +375,15 @@ LAUNCH = {
     "encode": dict(num_warps=8, num_stages=1, maxnreg=168),
     "decode": dict(num_warps=8, num_stages=1, maxnreg=168),
     "decode_sum_encode": dict(num_warps=8, num_stages=1),
+    "decode_sum_encode_int": dict(num_warps=8, num_stages=1, maxnreg=168),
 }
 """launch options per kernel, from `benchmarks/kernel_resources.py --arch sm_90` (each variant
 compiled for sm_90: registers and spills; docs/design.md 1.3). Eight warps on half the tiles of
 four: a tile's values spread over twice the threads. One stage: the tile loop carries no loads
 worth prefetching (each tile is read once) and more stages only hold registers and shared memory.
-The decode-sum-encode has no register cap: capped at 168 it spills more than at its natural 255."""
+The integer codecs' decode-sum-encode fits 168 registers without spilling (208-226 uncapped), but
+for int4 (211 uncapped, spills when capped); the FP8 and taco ones have no cap: capped at 168 they
+spill more than at their natural 255. At eight warps any count from 129 to 255 leaves one CTA per SM."""
 
 
 def _geometry(g: int) -> tuple[int, int]:
@@ -463,6 +466,8 @@ class _Spec:
         self.sqrt_g = math.sqrt(g)
         self.pb, self.sb = g * bits // 8, _SCALE_DTYPE[sfmt].itemsize  # bytes per group's payload, scale
         self.sdtype = _SCALE_DTYPE[sfmt]
+        # capped where that costs no spill (int4's nibbles spill 48 bytes under the cap: kernel_resources)
+        self.dse_launch = "decode_sum_encode_int" if self.kind == 2 and bits != 4 else "decode_sum_encode"
         self._consts = dict(
             KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
             BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs, PICK=self.pick, PB=self.pb, SB=self.sb,
@@ -576,7 +581,7 @@ class TritonBackend(KernelBackend):
         _decode_sum_encode_kernel[_grid(sp.tiles(numel), 1, bufs.device)](
             bufs, words, stride, nterms, own_arg, own_index, oq, ow, sum_arg, numel, ng,
             sp.fmax, sp.lam, sp.target, sp.qmax, sp.sqrt_g, int(sum_out is not None), sum_code,
-            int(dst is not None), own_in, **sp.consts(), **LAUNCH["decode_sum_encode"],
+            int(dst is not None), own_in, **sp.consts(), **LAUNCH[sp.dse_launch],
         )  # fmt: skip
         if dst is not None and dst is not out:
             out.copy_(dst)
