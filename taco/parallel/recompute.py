@@ -48,8 +48,8 @@ _IN_PROJECTION = [0]  # > 0 while a residual projection of a selective block run
 
 class SavedBytes:
     """`with SavedBytes(model) as c: loss = step()` -> `c.bytes`: bytes kept for backward, each
-    storage once, the parameters of `model` (and views of them) excluded. Every micro-batch of
-    the block counts: the counted tensors are held until the block ends, so a storage freed by
+    storage once, the parameters of `model` (and views of them) excluded. Every micro-batch run
+    inside the `with` counts: the counted tensors are held until it ends, so a storage freed by
     one micro-batch's backward cannot hand its address to the next one's and go uncounted."""
 
     def __init__(self, model: nn.Module | None = None) -> None:

@@ -285,6 +285,8 @@ def format_plan(plan: dict) -> str:
         "",
         "Traffic per step per GPU, MiB (raw = uncompressed in the comm dtype; wire = through the codec)",
     ]
+    if plan["mesh"].endswith("-SP"):
+        lines.append("  (sequence parallel: the TP rows are the SP all-gathers and reduce-scatters)")
     lines.append(f"  {'axis':<13} {'codec':<16} {'raw':>10} {'wire':>10} {'ratio':>6}")
     for r in plan["traffic"]:
         ratio = r["raw_bytes"] / r["wire_bytes"] if r["wire_bytes"] else 1.0
