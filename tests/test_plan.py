@@ -43,10 +43,7 @@ def _body(rank: int, world: int, args: list[str]) -> dict:
         cfg = load_config(None, [*args, f"--train.recompute={mode}"])
         dims = cfg.parallel.dims().build()
         tr = Trainer(cfg, dims, resolve_data_dir(cfg.data), False, device="cpu")
-        held = []  # the gradients as backward leaves them: the fp32 sums before their rounding to bf16
-        if getattr(tr.opt, "accumulate_fp32", False):
-            finish = tr.opt.finish_grads
-            tr.opt.finish_grads = lambda: (held.append(_nbytes(p.main_grad for p in tr.opt.params)), finish())
+        held = _hold_fp32_sums(tr.opt)
         with SavedBytes(tr.stage) as saved:
             tr.train_step()
         sh = P.build_shapes(cfg, tr.train_ds.vocab_size)
@@ -77,6 +74,21 @@ def _body(rank: int, world: int, args: list[str]) -> dict:
             "traffic": (stats, plan),
         }
     return out
+
+
+def _hold_fp32_sums(opt) -> list[int]:
+    """With micro-batch gradients summed in fp32: a list that gets the bytes of those sums as
+    backward leaves them (before `finish_grads` rounds them to bf16); else an empty list."""
+    held: list[int] = []
+    if getattr(opt, "accumulate_fp32", False):
+        finish = opt.finish_grads
+
+        def finish_grads() -> None:
+            held.append(_nbytes(p.main_grad for p in opt.params))
+            finish()
+
+        opt.finish_grads = finish_grads
+    return held
 
 
 def _nbytes(tensors) -> int:

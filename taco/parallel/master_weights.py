@@ -121,4 +121,3 @@ def _into_main_grad(p: torch.Tensor) -> None:
     g = p.grad
     p.main_grad = g.float() if p.main_grad is None else p.main_grad.add_(g)
     p.grad = None
-
