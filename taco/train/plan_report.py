@@ -305,13 +305,17 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
-RECIPES = {
-    "fp32": "fp32 weights, gradients and activations",
-    "autocast": "bf16 autocast over fp32 weights and gradients (fp32 residual stream and norms)",
-    "master": "bf16 weights, gradients and activations with fp32 master weights in the optimizer "
-    "(FSDP2: fp32 shards)",
-}
-"""The `train.mixed_precision` recipe (or fp32) as the plan's assumptions name it."""
+def recipe_text(plan: dict) -> str:
+    """The `train.mixed_precision` recipe (or fp32) as the plan's assumptions name it."""
+    sb = plan["state_bytes"]
+    if plan["recipe"] == "fp32":
+        return "fp32 weights, gradients and activations"
+    if plan["recipe"] == "autocast":
+        return "bf16 autocast over fp32 weights and gradients (fp32 residual stream and norms)"
+    if not sb["masters"]:
+        return "FSDP2 mixed precision: fp32 shards, bf16 gathered weights and activations"
+    grads = "gradients bf16" if sb["grads"] == 2 else "micro-batch gradients summed in fp32"
+    return f"bf16 weights and activations, {grads}, fp32 master weights in the optimizer"
 
 
 def assumptions(plan: dict) -> list[str]:
@@ -326,7 +330,7 @@ def assumptions(plan: dict) -> list[str]:
         "ranks), coding and wire overlapped over compression.slices; not overlapped with compute",
         f"- pipeline: 1F1B, (pp - 1) bubble slots; DP gradient reduction {DP_OVERLAP:.0%} hidden behind "
         "backward",
-        f"- memory: {RECIPES[plan['recipe']]}, AdamW 2 fp32 states; activations counted per block as "
+        f"- memory: {recipe_text(plan)}; AdamW 2 fp32 states; activations counted per block as "
         "autograd saves them on a CPU; buffers: compressed TP cache 4 x the largest message, DDP "
         f"buckets, FSDP one gathered block; {USABLE:.0%} of the GPU usable",
         f"- the vocabulary: {plan['model']['vocab_from']}; TP traffic as taco.comm counts it per step "
