@@ -6,8 +6,10 @@ config alone, starting no ranks: the model is built on the meta device (no memor
 paper by its TP plan and cut into pipeline stages as the trainer cuts it, and
 
 - memory per GPU of the busiest stage: parameters, gradients, AdamW state (exact: the built
-  model's shards), activations kept for backward for each `train.recompute` mode (a per-block
-  count of the tensors autograd saves, `activation_bytes`), communication buffers;
+  model's shards, in the dtypes of the `train.mixed_precision` recipe, `state_bytes`; "master"
+  adds the fp32 master copies to the optimizer state), activations kept for backward for each
+  `train.recompute` mode (a per-block count of the tensors autograd saves, `activation_bytes`),
+  communication buffers;
 - traffic per step and rank on each axis (TP, PP, DP), plain and through each codec, counted as
   `taco.comm` counts it (the same chunking, slicing and alignment: `comm_stats.txt` matches);
 - the step time of each codec from the alpha-beta cost model (`taco.bench.cost_model`) with a
@@ -15,15 +17,19 @@ paper by its TP plan and cut into pipeline stages as the trainer cuts it, and
 
 Activations: per micro-batch of b sequences of s tokens, hidden h, TP degree t, and with sequence
 parallelism the norm region sharded (L = s/t, else L = s), a block saves: the norms' inputs (the
-residual stream, 2 b L h; RMSNorm also its normalised value) and statistics, the column-parallel
-inputs (b s h each), q, k, v and the attention output, the log-sum-exp, and the MLP's
-intermediates (GPT: up and GELU outputs, 8 b s h/t; Qwen's SwiGLU: four b s f/t). "full" keeps the
-block input (b L h); "selective" the block input and the column-parallel matmul outputs (q, k, v,
-MLP up/gate). The embedding stage keeps the token ids, the head stage the final norm, the head's
-input and the softmax of the vocab-parallel loss (b s V/t fp32). fp32 training: 4 bytes each;
-bf16 (autocast over fp32 weights): the residual stream, norms and statistics stay fp32, each
-linear keeps its own bf16 copy of its input and weight, the rest is bf16. `tests/test_plan.py`
-checks these counts against saved-tensor hooks in real steps (CPU).
+residual stream, b L h each; RMSNorm also its normalised value) and statistics, the inputs of the
+fused qkv and MLP up (or gate-up) projections (b s h each), the fused q/k/v output (Qwen also its
+rotated q and k), the attention output and log-sum-exp, and the MLP's intermediates (GPT: up and
+GELU outputs, 8 b s h/t; Qwen's SwiGLU: four b s f/t). "full" keeps the block input (b L h);
+"selective" the block input and the column-parallel matmul outputs (q, k, v, MLP up/gate). The
+embedding stage keeps the token ids, the head stage the final norm, the head's input and the
+softmax of the vocab-parallel loss (b s V/t fp32, one buffer). Bytes per element by recipe:
+fp32 4 each. bf16 "master" (bf16 parameters, no autocast): everything bf16 but the log-sum-exp
+and RMSNorm's fp32 copy of its input and its rsqrt (LayerNorm's mean and rstd follow the input
+on CPU; a CUDA kernel may keep them fp32, a few bytes per token). bf16 "autocast" (over fp32 weights): the
+residual stream, norms and statistics stay fp32, each linear keeps its own bf16 copy of its input
+and weight, the rest is bf16. `tests/test_plan.py` checks these counts against saved-tensor hooks
+in real steps (CPU), for each recipe.
 """
 
 from __future__ import annotations
