@@ -92,6 +92,23 @@ def test_state_round_trips_the_fp32_masters():
         opt2.load_state_dict(state["inner"])
 
 
+def test_state_view_shows_each_parameters_master_and_moments_read_only():
+    model, groups = _pair()
+    model.to(torch.bfloat16)
+    opt = MasterWeightsOptimizer(groups, _adamw)
+    assert set(opt.state) == set(model.parameters()) and all(set(s) == {"master"} for s in opt.state.values())
+    model(torch.randn(3, 8).bfloat16()).float().sum().backward()
+    opt.step()
+    for p, m in zip(opt.params, opt.masters):
+        s = opt.state[p]
+        assert s["master"] is m and s["exp_avg"] is opt.inner.state[m]["exp_avg"], "not the live tensors"
+        assert s["exp_avg_sq"].shape == p.shape and s["exp_avg"].dtype == torch.float32
+    with pytest.raises(TypeError):
+        opt.state[opt.params[0]] = {}
+    with pytest.raises(TypeError):
+        opt.state[opt.params[0]]["master"] = None
+
+
 @pytest.mark.parametrize("micro", [1, 2])
 def test_a_bf16_master_run_trains_in_bf16_and_resumes_exactly(corpus, tmp_path, micro):
     extra = ("--train.dtype=bf16", "--train.mixed_precision=master", f"--parallel.microbatches={micro}")

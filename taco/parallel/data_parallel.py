@@ -255,11 +255,16 @@ def _is_zero(opt: torch.optim.Optimizer) -> bool:
     return mod is not None and isinstance(opt, mod.ZeroRedundancyOptimizer)
 
 
+def local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: ZeRO's local one over its shard, else `opt`."""
+    return opt.optim if _is_zero(opt) else opt
+
+
 def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's optimizer state for a per-rank checkpoint (ZeRO: its own shard only)."""
-    return opt.optim.state_dict() if _is_zero(opt) else opt.state_dict()
+    return local_optimizer(opt).state_dict()
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Inverse of `optimizer_state` (the same mesh, so ZeRO's partition is the same)."""
-    (opt.optim if _is_zero(opt) else opt).load_state_dict(state)
+    local_optimizer(opt).load_state_dict(state)

@@ -18,7 +18,8 @@ resumed run continues from the fp32 values, not from their bf16 rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -56,6 +57,20 @@ class MasterWeightsOptimizer:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.inner.param_groups
+
+    @property
+    def state(self) -> Mapping[torch.Tensor, Mapping[str, Any]]:
+        """Read-only view of the state this optimizer keeps per model parameter, as
+        `torch.optim.Optimizer.state` is keyed: its fp32 master (`"master"`) and the inner
+        optimizer's state of that master (AdamW: `"step"`, `"exp_avg"`, `"exp_avg_sq"`; ZeRO: only
+        the masters of this rank's shard have them). Built on each access; a parameter's entry
+        holds the live tensors, so reading it costs no copy."""
+        from .data_parallel import local_optimizer
+
+        inner = local_optimizer(self.inner).state
+        return MappingProxyType({
+            p: MappingProxyType({"master": m, **inner.get(m, {})}) for p, m in zip(self.params, self.masters)
+        })  # fmt: skip
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -106,4 +121,3 @@ def _into_main_grad(p: torch.Tensor) -> None:
     g = p.grad
     p.main_grad = g.float() if p.main_grad is None else p.main_grad.add_(g)
     p.grad = None
-

@@ -6,8 +6,10 @@ config alone, starting no ranks: the model is built on the meta device (no memor
 paper by its TP plan and cut into pipeline stages as the trainer cuts it, and
 
 - memory per GPU of the busiest stage: parameters, gradients, AdamW state (exact: the built
-  model's shards), activations kept for backward for each `train.recompute` mode (a per-block
-  count of the tensors autograd saves, `activation_bytes`), communication buffers;
+  model's shards, in the dtypes of the `train.mixed_precision` recipe, `state_bytes`; "master"
+  adds the fp32 master copies to the optimizer state), activations kept for backward for each
+  `train.recompute` mode (a per-block count of the tensors autograd saves, `activation_bytes`),
+  communication buffers;
 - traffic per step and rank on each axis (TP, PP, DP), plain and through each codec, counted as
   `taco.comm` counts it (the same chunking, slicing and alignment: `comm_stats.txt` matches);
 - the step time of each codec from the alpha-beta cost model (`taco.bench.cost_model`) with a
@@ -15,15 +17,19 @@ paper by its TP plan and cut into pipeline stages as the trainer cuts it, and
 
 Activations: per micro-batch of b sequences of s tokens, hidden h, TP degree t, and with sequence
 parallelism the norm region sharded (L = s/t, else L = s), a block saves: the norms' inputs (the
-residual stream, 2 b L h; RMSNorm also its normalised value) and statistics, the column-parallel
-inputs (b s h each), q, k, v and the attention output, the log-sum-exp, and the MLP's
-intermediates (GPT: up and GELU outputs, 8 b s h/t; Qwen's SwiGLU: four b s f/t). "full" keeps the
-block input (b L h); "selective" the block input and the column-parallel matmul outputs (q, k, v,
-MLP up/gate). The embedding stage keeps the token ids, the head stage the final norm, the head's
-input and the softmax of the vocab-parallel loss (b s V/t fp32). fp32 training: 4 bytes each;
-bf16 (autocast over fp32 weights): the residual stream, norms and statistics stay fp32, each
-linear keeps its own bf16 copy of its input and weight, the rest is bf16. `tests/test_plan.py`
-checks these counts against saved-tensor hooks in real steps (CPU).
+residual stream, b L h each; RMSNorm also its normalised value) and statistics, the inputs of the
+fused qkv and MLP up (or gate-up) projections (b s h each), the fused q/k/v output (Qwen also its
+rotated q and k), the attention output and log-sum-exp, and the MLP's intermediates (GPT: up and
+GELU outputs, 8 b s h/t; Qwen's SwiGLU: four b s f/t). "full" keeps the block input (b L h);
+"selective" the block input and the column-parallel matmul outputs (q, k, v, MLP up/gate). The
+embedding stage keeps the token ids, the head stage the final norm, the head's input and the
+softmax of the vocab-parallel loss (b s V/t fp32, one buffer). Bytes per element by recipe:
+fp32 4 each. bf16 "master" (bf16 parameters, no autocast): everything bf16 but the log-sum-exp
+and RMSNorm's fp32 copy of its input and its rsqrt (LayerNorm's mean and rstd follow the input
+on CPU; a CUDA kernel may keep them fp32, a few bytes per token). bf16 "autocast" (over fp32 weights): the
+residual stream, norms and statistics stay fp32, each linear keeps its own bf16 copy of its input
+and weight, the rest is bf16. `tests/test_plan.py` checks these counts against saved-tensor hooks
+in real steps (CPU), for each recipe.
 """
 
 from __future__ import annotations
@@ -134,55 +140,73 @@ def micro_batch(cfg: Config) -> int:
     return cfg.train.batch_size // (p.dp * p.microbatches)
 
 
-def block_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, mode: str, bf16: bool) -> float:
-    """Bytes one block keeps for backward (module docstring). With bf16 autocast the residual
-    stream, the norms and their statistics stay fp32 (the weights are fp32), each linear saves
-    its own bf16 copy of its input and of its weight shard, and the rest is bf16."""
+def recipe(cfg: Config) -> str:
+    """How a step keeps its tensors: "fp32"; with `train.dtype = "bf16"` the
+    `train.mixed_precision` recipe, "master" (bf16 parameters, activations and gradients, fp32
+    masters in the optimizer) or "autocast" (fp32 weights and gradients, bf16 compute)."""
+    t = cfg.train
+    return t.mixed_precision.value if t.dtype.value == "bf16" else "fp32"
+
+
+def _elems(recipe: str) -> tuple[int, int]:
+    """(bytes of the residual stream and the norms, bytes of the matmul outputs) per element."""
+    return {"fp32": (4, 4), "autocast": (4, 2), "master": (2, 2)}[recipe]
+
+
+def block_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, mode: str, recipe: str) -> float:
+    """Bytes one block keeps for backward under `recipe` (module docstring). "autocast": the
+    residual stream, the norms and their statistics stay fp32 (the weights are fp32), each linear
+    saves its own bf16 copy of its input and of its weight shard, the rest is bf16. "master":
+    everything bf16 but the log-sum-exp and RMSNorm's fp32 input copy and rsqrt."""
     L = s // tp if sp and tp > 1 else s  # the norm region: sharded along the sequence with SP
     h, t, hd, f = sh.hidden, tp, sh.head_dim, sh.ffn
     nq, nkv = sh.heads // t, sh.kv_heads // t
-    c = 2 if bf16 else 4  # compute dtype
+    r, c = _elems(recipe)  # residual stream and norms; matmul outputs
     gpt = sh.kind == "gpt"
     if mode == "full":
-        return 4.0 * b * L * h
-    q_kv = b * s * (nq + 2 * nkv) * hd  # q, k, v outputs
-    up = (4 * b * s * h if gpt else 2 * b * s * f) / t  # MLP up (gpt), gate and up (qwen)
+        return r * b * L * h  # the block's input
+    q_kv = b * s * (nq + 2 * nkv) * hd  # the fused q, k, v output
+    up = (4 * b * s * h if gpt else 2 * b * s * f) / t  # MLP up (gpt), fused gate and up (qwen)
     if mode == "selective":
-        return 4.0 * b * L * h + c * (q_kv + up)
-    norm_in = 2 * 4.0 * b * L * h  # the two norms' inputs (the residual stream), fp32
-    stats = 4.0 * (4 * b * L if gpt else 2 * b * L) + 4.0 * b * nq * s  # mean/rstd or rsqrt; log-sum-exp
-    if not gpt:
-        norm_in *= 2  # RMSNorm also keeps its normalised value
-    n_lin = (3, 1) if gpt else (3, 2)  # column-parallel linears of attention and MLP
-    lin_in = c * b * s * h * (sum(n_lin) if bf16 else 2)  # their inputs: one bf16 copy each, else shared
-    if bf16:
-        lin_in += 2.0 * (sh.matmul_params - sh.vocab * sh.hidden) / sh.layers / t  # weight copies
+        return r * b * L * h + c * (q_kv + up)
+    if gpt:  # LayerNorm: its input, mean and rstd (in the input's dtype on CPU)
+        norms = 2 * r * (b * L * h + 2 * b * L)
+    else:  # RMSNorm: its input as fp32, the fp32 rsqrt, the normalised value
+        norms = 2 * (4 * b * L * h + 4 * b * L + r * b * L * h)
+    lse = 4.0 * b * nq * s  # attention's log-sum-exp, fp32
+    lin_in = 2 * c * b * s * h  # the inputs of the two column-parallel entries (fused qkv, MLP up)
+    if recipe == "autocast":  # each linear's bf16 copy of its weight shard
+        lin_in += 2.0 * (sh.matmul_params - sh.vocab * sh.hidden) / sh.layers / t
     if gpt:
         attn = q_kv + b * s * nq * hd  # q, k, v, output (its [b, s, h/t] view feeds attn.out)
         mlp = 2 * 4 * b * s * h / t  # up output, GELU output
     else:
-        attn = b * s * (2 * nq + 2 * nkv) * hd  # rotated q and k, v, output
-        mlp = 4 * b * s * f / t  # gate out, silu out, up out, their product
+        attn = q_kv + b * s * (2 * nq + nkv) * hd  # fused q, k, v; rotated q and k; output
+        mlp = 4 * b * s * f / t  # fused gate-up output, silu out, their product
         if sh.qk_norm:  # per-head RMSNorm of q and k: fp32 input, rsqrt, normalised value
             heads = b * s * (nq + nkv)
-            stats += 4.0 * heads * hd + 4.0 * heads
+            lse += 4.0 * heads * hd + 4.0 * heads
             attn += heads * hd
-    return norm_in + stats + lin_in + c * (attn + mlp)
+    return norms + lse + lin_in + c * (attn + mlp)
 
 
 def edge_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, first: bool, last: bool,
-                          bf16: bool) -> float:  # fmt: skip
+                          recipe: str) -> float:  # fmt: skip
     """Bytes kept outside the blocks: token ids (first stage), the head and the loss (last)."""
     L = s // tp if sp and tp > 1 else s
-    h, c = sh.hidden, 2 if bf16 else 4
+    h = sh.hidden
+    r, c = _elems(recipe)
     out = 0.0
     if first:
         out += b * s * 8 + (b * s if tp > 1 else 0)  # token ids (int64), the vocab-shard mask
         out += s * 8 if sh.kind == "gpt" else 0  # positions
     if last:
-        gpt = sh.kind == "gpt"
-        out += 4.0 * b * L * h * (1 if gpt else 2) + (8 if gpt else 4) * b * L  # the final norm
-        out += c * b * s * h + (2.0 * sh.vocab * h / tp if bf16 else 0)  # the head's input (+ weight copy)
+        if sh.kind == "gpt":  # the final norm, as a block's
+            out += r * (b * L * h + 2 * b * L)
+        else:
+            out += 4 * b * L * h + 4 * b * L + r * b * L * h
+        out += c * b * s * h  # the head's input
+        out += 2.0 * sh.vocab * h / tp if recipe == "autocast" else 0  # its bf16 weight copy
         out += b * s * (sh.vocab // tp) * 4 + b * s * (9 if tp > 1 else 8)  # softmax fp32, targets, mask
     return out
 
@@ -190,11 +214,10 @@ def edge_activation_bytes(sh: Shapes, b: int, s: int, tp: int, sp: bool, first: 
 def activation_bytes(cfg: Config, sh: Shapes, mode: str, stage: int) -> float:
     """Bytes one micro-batch leaves saved for backward on `stage` under recompute `mode`."""
     p, s = cfg.parallel, cfg.model.seq_len
-    b = micro_batch(cfg)
-    bf16 = cfg.train.dtype.value == "bf16"
-    block = block_activation_bytes(sh, b, s, p.tp, p.sp, mode, bf16)
-    rope = 2 * 4 * s * sh.head_dim if sh.kind != "gpt" else 0  # cos/sin (fp32), shared by the blocks
-    edges = edge_activation_bytes(sh, b, s, p.tp, p.sp, stage == 0, stage == p.pp - 1, bf16)
+    b, rec = micro_batch(cfg), recipe(cfg)
+    block = block_activation_bytes(sh, b, s, p.tp, p.sp, mode, rec)
+    rope = 2 * _elems(rec)[0] * s * sh.head_dim if sh.kind != "gpt" else 0  # cos/sin, shared by the blocks
+    edges = edge_activation_bytes(sh, b, s, p.tp, p.sp, stage == 0, stage == p.pp - 1, rec)
     return len(sh.stage_layers[stage]) * block + rope + edges
 
 
@@ -223,28 +246,43 @@ class Memory:
         return self.params + self.grads + self.optimizer + self.activations[mode] + self.buffers
 
 
+def state_bytes(cfg: Config) -> tuple[int, int, int]:
+    """Bytes per local parameter element of (parameters, gradients, optimizer state before ZeRO's
+    split of the AdamW moments, masters excluded) and of the fp32 masters (0 or 4). "master" without
+    FSDP2: bf16 parameters and gradients (the gradients held through backward are the fp32 sum of
+    the micro-batches where no DDP reducer owns them: several micro-batches, no DP group); FSDP2
+    keeps fp32 shards (its own master recipe) and fp32 or autocast training fp32 everything."""
+    p = cfg.parallel
+    if recipe(cfg) != "master" or (p.dp_shard and p.dp > 1):
+        return 4, 4, 0
+    return 2, (4 if p.microbatches > 1 and p.dp == 1 else 2), 4
+
+
 def memory(cfg: Config, sh: Shapes) -> list[Memory]:
-    """Per stage: parameters and gradients (fp32 master weights), AdamW state (ZeRO/FSDP: over
-    dp), activations of each recompute mode x micro-batches in flight, and communication buffers
+    """Per stage: parameters and gradients (`state_bytes`), AdamW state (ZeRO/FSDP: over dp) and
+    the fp32 masters of the "master" recipe (each rank all of its stage's: ZeRO splits the moments),
+    activations of each recompute mode x micro-batches in flight, and communication buffers
     (compressed TP: the buffer cache's cap, 4 x the largest message; DDP: its gradient buckets, a
-    second copy of the gradients; FSDP: one block's gathered weights and gradients)."""
+    second copy of the gradients in the parameters' dtype; FSDP: one block's gathered weights and
+    gradients in the compute dtype)."""
     p, c = cfg.parallel, cfg.compression
     b, s = micro_batch(cfg), cfg.model.seq_len
     comm = 2 if cfg.train.dtype.value == "bf16" else 4
+    param_b, grad_b, master_b = state_bytes(cfg)
     out = []
     for st in range(p.pp):
         n = sh.stage_params[st]
-        opt = n * 4 * ADAM_STATES / (p.dp if p.zero and p.dp > 1 else 1)
+        opt = n * 4 * ADAM_STATES / (p.dp if p.zero and p.dp > 1 else 1) + n * master_b
         acts = {mode: activation_bytes(cfg, sh, mode, st) * in_flight(cfg, st) for mode in MODES}
         buffers = 0.0
         if c.tp_codec != "none" and p.tp > 1:
             buffers += 4 * b * s * sh.hidden * comm
         if p.dp > 1 and not p.dp_shard:
-            buffers += n * 4
+            buffers += n * param_b
         if p.dp > 1 and p.dp_shard and sh.layers:
             block = (sh.stage_params[st] * p.dp) / max(1, len(sh.stage_layers[st]))
-            buffers += 2 * block * 4
-        out.append(Memory(st, n * 4.0, n * 4.0, opt, acts, buffers))
+            buffers += 2 * block * comm
+        out.append(Memory(st, n * float(param_b), n * float(grad_b), opt, acts, buffers))
     return out
 
 

@@ -218,7 +218,8 @@ def make_plan(cfg: Config, hw: Hardware, codecs: list[str] | None = None) -> dic
                   "hidden": sh.hidden, "heads": sh.heads, "kv_heads": sh.kv_heads, "ffn": sh.ffn,
                   "vocab": sh.vocab, "vocab_from": vocab_src, "seq_len": cfg.model.seq_len},
         "mesh": str(p), "micro_batch": P.micro_batch(cfg), "microbatches": p.microbatches,
-        "recompute": mode, "dtype": cfg.train.dtype.value,
+        "recompute": mode, "dtype": cfg.train.dtype.value, "recipe": P.recipe(cfg),
+        "state_bytes": dict(zip(("params", "grads", "masters"), P.state_bytes(cfg))),
         "gpu": dataclasses.asdict(hw.gpu), "mfu": hw.mfu,
         "links": {a: {"name": x.name, "bytes_per_s": x.bandwidth, "alpha_s": x.alpha}
                   for a, x in hw.links.items()},
@@ -269,13 +270,15 @@ def format_plan(plan: dict) -> str:
         "",
         f"Memory per GPU, GiB (stage {plan['busiest_stage']}, the busiest; per stage in --json)",
     ]  # fmt: skip
-    m = plan["memory"][plan["busiest_stage"]]
-    lines += [
-        f"  parameters (fp32)     {_gib(m['params'])}",
-        f"  gradients (fp32)      {_gib(m['grads'])}",
-        f"  optimizer (AdamW)     {_gib(m['optimizer'])}",
-        f"  comm buffers          {_gib(m['buffers'])}",
-    ]
+    m, sb = plan["memory"][plan["busiest_stage"]], plan["state_bytes"]
+    dt = {2: "bf16", 4: "fp32"}
+    rows = {
+        f"parameters ({dt[sb['params']]})": m["params"],
+        f"gradients ({dt[sb['grads']]})": m["grads"],
+        "optimizer + masters" if sb["masters"] else "optimizer (AdamW)": m["optimizer"],
+        "comm buffers": m["buffers"],
+    }
+    lines += [f"  {label:<21} {_gib(v)}" for label, v in rows.items()]
     for mode in P.MODES:
         mark = "  <- train.recompute" if mode == plan["recompute"] else ""
         lines.append(
@@ -304,6 +307,19 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def recipe_text(plan: dict) -> str:
+    """The `train.mixed_precision` recipe (or fp32) as the plan's assumptions name it."""
+    sb = plan["state_bytes"]
+    if plan["recipe"] == "fp32":
+        return "fp32 weights, gradients and activations"
+    if plan["recipe"] == "autocast":
+        return "bf16 autocast over fp32 weights and gradients (fp32 residual stream and norms)"
+    if not sb["masters"]:
+        return "FSDP2 mixed precision: fp32 shards, bf16 gathered weights and activations"
+    grads = "gradients bf16" if sb["grads"] == 2 else "micro-batch gradients summed in fp32"
+    return f"bf16 weights and activations, {grads}, fp32 master weights in the optimizer"
+
+
 def assumptions(plan: dict) -> list[str]:
     g = plan["gpu"]
     return [
@@ -316,8 +332,8 @@ def assumptions(plan: dict) -> list[str]:
         "ranks), coding and wire overlapped over compression.slices; not overlapped with compute",
         f"- pipeline: 1F1B, (pp - 1) bubble slots; DP gradient reduction {DP_OVERLAP:.0%} hidden behind "
         "backward",
-        "- memory: fp32 weights and gradients, AdamW 2 fp32 states; activations counted per block as "
-        "autograd saves them (fp32 statistics); buffers: compressed TP cache 4 x the largest message, DDP "
+        f"- memory: {recipe_text(plan)}; AdamW 2 fp32 states; activations counted per block as "
+        "autograd saves them on a CPU; buffers: compressed TP cache 4 x the largest message, DDP "
         f"buckets, FSDP one gathered block; {USABLE:.0%} of the GPU usable",
         f"- the vocabulary: {plan['model']['vocab_from']}; TP traffic as taco.comm counts it per step "
         "(the CE's and the partial-gradient sums' small plain all-reduces not included)",
