@@ -66,6 +66,9 @@ def tiny(kind: str, n_layer: int = 3) -> nn.Module:
 def _ref_grad(ref: nn.Module, mod: nn.Module, full: str, pname: str, tp: int, r: int) -> torch.Tensor:
     ref_params = dict(ref.named_parameters())
     g = ref_params[full if full in ref_params else "tok_emb.weight"].grad  # tied lm_head: tok_emb
+    parts = getattr(mod, "fused_parts", None)
+    if parts is not None:  # fused q/k/v or gate/up: this rank's slice of every block, stacked
+        return torch.cat([b.chunk(tp, 0)[r] for b in g.split([n * tp for n in parts], 0)])
     if isinstance(mod, (ColumnParallelLinear, VocabParallelEmbedding)):
         return g.chunk(tp, 0)[r]
     if isinstance(mod, RowParallelLinear) and pname == "weight":
