@@ -137,9 +137,10 @@ def make_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32"
 
 def label(name: str, scale_fmt: str, signs: bool | str = False, group_size: int | None = None) -> str:
     """A codec's row label: its name, "+signs" for the randomized Hadamard ("+signs=auto" for the
-    per-group choice), "/G64" for a group size other than the run's, "/bf16" or "/e8m0" for a lean
-    scale format."""
-    name += "" if not signs else "+signs=auto" if signs == "auto" else "+signs"
+    per-group choice) where that is not the codec's default, "/G64" for a group size other than the
+    run's, "/bf16" or "/e8m0" for a lean scale format."""
+    default = getattr(CODECS.get(name), "DEFAULTS", {}).get("signs", False)
+    name += "" if not signs or signs == default else "+signs=auto" if signs == "auto" else "+signs"
     name += f"/G{group_size}" if group_size else ""
     return name if scale_fmt == "fp32" else f"{name}/{scale_fmt}"
 
