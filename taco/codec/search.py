@@ -31,17 +31,19 @@ scales, signs="auto", codes in [-qmax, qmax]): 3 candidates +0.45 dB over absmax
 10 +0.63 dB."""
 
 
-def _candidates(z: torch.Tensor, qmax: int, sfmt: str, unit: torch.Tensor):
-    """Yield (codes as fp32, scale [ng, 1], squared error [ng, 1]) per clip fraction of a rotated
-    group; the error in units of `unit` (the plain rotation's absmax scale), so that it neither
-    overflows nor underflows whatever the group's magnitude, and scales with it exactly."""
+def _candidates(z: torch.Tensor, qmax: int, sfmt: str, unit: torch.Tensor, p: torch.Tensor):
+    """Yield (codes as fp32, wire scale [ng, 1], squared error [ng, 1]) per clip fraction of a group
+    rotated after the pre-scale `p` (`functional.prescale`: groups near fp32's max rotate in a scaled
+    domain, finite in, finite out); the error in units of `unit` (the plain rotation's absmax scale),
+    so that it neither overflows nor underflows whatever the group's magnitude, and scales with it
+    exactly."""
     s1 = Fn.absmax_scale(z.abs().amax(1, keepdim=True), qmax)
     for c in CLIPS:
         s = s1 if c == 1.0 else torch.where(s1 * c > 0, s1 * c, s1)  # subnormal products: keep s1
-        s = round_up(s, sfmt)
+        w, s = Fn.wire_scale(round_up(s, sfmt), p, sfmt)  # s: w * p, unless w saturated
         q = torch.round(z / s).clamp_(-qmax - 1, qmax).nan_to_num_(0.0)
         err = (z / unit - q * (s / unit)).square().sum(1, keepdim=True)
-        yield q, s, err
+        yield q, w, err
 
 
 def int_mse_encode(
@@ -49,13 +51,14 @@ def int_mse_encode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`functional.int_encode` with the least-squares scale: xg [ng, G] fp32 -> (q int8 [ng, G],
     s [ng, 1]; negative where the sign-flipped rotation was kept, as with signs="auto")."""
-    rotations = [Fn._rotate(xg, h)]
+    p = Fn.prescale(xg) if h is not None else torch.ones_like(xg[:, :1])
+    rotations = [Fn._rotate(xg * p, h)]
     if flips is not None:
-        rotations.append(Fn._rotate(xg * flips, h))
+        rotations.append(Fn._rotate(xg * flips * p, h))
     unit = Fn.absmax_scale(rotations[0].abs().amax(1, keepdim=True), qmax)
     best_q = best_s = best_e = None
     for r, z in enumerate(rotations):
-        for q, s, err in _candidates(z, qmax, sfmt, unit):
+        for q, s, err in _candidates(z, qmax, sfmt, unit, p):
             s = -s if r else s
             if best_e is None:
                 best_q, best_s, best_e = q, s, err
