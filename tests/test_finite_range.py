@@ -55,7 +55,7 @@ def test_finite_inputs_up_to_the_max_decode_finite(name, backend, dtype):
     y = c.decode(c.encode(x.reshape(-1))).view(x.shape)
     assert y.dtype == dtype and torch.isfinite(y).all(), f"{name} {backend} {dtype}: non-finite output"
     if name.startswith("taco/") or name == "taco" or name == "fp8-tensor" or name in MX_CODECS:
-        return  # clamps (taco) / one scale per tensor / the hardware formats' E8M0 rules: finite is the guarantee
+        return  # clamps (taco), one scale per tensor, the E8M0 rules of MX: finite is the guarantee
     small = (x.double() * 2.0**-100).to(dtype)  # exact: a power of two, far from both ends of the range
     m = torch.finfo(dtype).max
     ys = (c.decode(c.encode(small.reshape(-1))).view(x.shape).double() * 2.0**100).clamp(-m, m)  # saturation
