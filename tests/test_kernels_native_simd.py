@@ -24,6 +24,7 @@ from taco.kernels import native
 from tests.test_kernels import check_pair
 
 pytestmark = [
+    pytest.mark.usefixtures("legacy_int_defaults"),  # written against the former intB-hadamard settings
     pytest.mark.skipif(native.library() is None, reason="no C compiler: native kernels not built"),
     pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning"),
 ]

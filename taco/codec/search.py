@@ -47,14 +47,22 @@ def _candidates(z: torch.Tensor, qmax: int, sfmt: str, unit: torch.Tensor, p: to
 
 
 def int_mse_encode(
-    xg: torch.Tensor, h: torch.Tensor | None, qmax: int, sfmt: str = "fp32", flips: torch.Tensor | None = None
+    xg: torch.Tensor,
+    h: torch.Tensor | None,
+    qmax: int,
+    sfmt: str = "fp32",
+    flips: torch.Tensor | None = None,
+    signs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`functional.int_encode` with the least-squares scale: xg [ng, G] fp32 -> (q int8 [ng, G],
-    s [ng, 1]; negative where the sign-flipped rotation was kept, as with signs="auto")."""
+    s [ng, 1]). With `flips` alone (signs="auto") both rotations are searched and a negative scale
+    marks the sign-flipped one; with `flips` and `signs` (signs=True) every group is rotated as x D."""
     p = Fn.prescale(xg) if h is not None else torch.ones_like(xg[:, :1])
+    if flips is not None and signs:
+        xg, flips = Fn.flip(xg, flips), None
     rotations = [Fn._rotate(xg * p, h)]
     if flips is not None:
-        rotations.append(Fn._rotate(xg * flips * p, h))
+        rotations.append(Fn._rotate(Fn.flip(xg, flips) * p, h))
     unit = Fn.absmax_scale(rotations[0].abs().amax(1, keepdim=True), qmax)
     best_q = best_s = best_e = None
     for r, z in enumerate(rotations):
@@ -71,7 +79,8 @@ def int_mse_encode(
 
 
 def int_mse_decode(
-    q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, flips: torch.Tensor | None = None
+    q: torch.Tensor, s: torch.Tensor, h: torch.Tensor | None, flips: torch.Tensor | None = None,
+    signs: bool = False,
 ) -> torch.Tensor:
     """The absmax codes' decoder (`functional.int_decode`); 8-bit payloads arrive as raw bytes."""
-    return Fn.int_decode(q.view(torch.int8) if q.dtype == torch.uint8 else q, s, h, flips)
+    return Fn.int_decode(q.view(torch.int8) if q.dtype == torch.uint8 else q, s, h, flips, signs)
