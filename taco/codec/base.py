@@ -199,6 +199,25 @@ def check_input(x: torch.Tensor) -> None:
         )
 
 
+class AxisGrouped:
+    """For codecs whose groups run along `Codec.axis`: the axis is moved last for encoding and moved
+    back after decoding (data-driven reshaping); with the default axis, -1, nothing moves."""
+
+    axis: int
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        if self.axis != -1 and x.dim() >= 2 and self.axis % x.dim() != x.dim() - 1:
+            x = x.movedim(self.axis, -1)
+        return x.contiguous()
+
+    def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        if self.axis != -1 and len(shape) >= 2 and self.axis % len(shape) != len(shape) - 1:
+            moved = list(shape)
+            moved.append(moved.pop(self.axis))
+            return y.view(moved).movedim(-1, self.axis).contiguous()
+        return y.view(shape)
+
+
 def check_axis(codec: Codec, shape: torch.Size | tuple[int, ...]) -> None:
     """ValueError unless `codec.axis` names a dim of a tensor of `shape` (checked for 2+ dims; a
     1-D tensor is a flat chunk in grouping order, see `Codec.axis`)."""

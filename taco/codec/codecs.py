@@ -35,7 +35,7 @@ import torch
 
 from . import backend as kb
 from . import functional as Fn
-from .base import Codec, f32_view, finite_clamp, positive_finite
+from .base import AxisGrouped, Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips
 from .mx import MX_CODECS
@@ -83,7 +83,7 @@ class FP8TensorCodec(Codec):
         return finite_clamp(y.view(-1), dtype)
 
 
-class GroupCodec(Codec):
+class GroupCodec(AxisGrouped, Codec):
     """Base of per-group codecs: padding, the wire layout, grouping axis and backend dispatch."""
 
     family = "?"
@@ -116,18 +116,6 @@ class GroupCodec(Codec):
     def nbytes(self, numel: int, dtype: torch.dtype = torch.bfloat16) -> int:
         ng = self.groups(numel)
         return ng * (self.group_size * self.bits // 8 + self.scale_bytes * self.n_scales)
-
-    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
-        if self.axis != -1 and x.dim() >= 2 and self.axis % x.dim() != x.dim() - 1:
-            x = x.movedim(self.axis, -1)
-        return x.contiguous()
-
-    def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        if self.axis != -1 and len(shape) >= 2 and self.axis % len(shape) != len(shape) - 1:
-            moved = list(shape)
-            moved.append(moved.pop(self.axis))
-            return y.view(moved).movedim(-1, self.axis).contiguous()
-        return y.view(shape)
 
     def _split(self, buf: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """uint8 buffer -> (payload [ng, G*bits/8], [scale [ng, 1] fp32])."""

@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from .base import Codec, f32_view, finite_clamp
+from .base import AxisGrouped, Codec, f32_view, finite_clamp
 from .formats import pack_bits, unpack_bits
 from .hadamard import hadamard_matrix
 from .minifloat import ELEMENT_FORMATS, ElementFormat, from_codes, to_codes
@@ -82,7 +82,7 @@ def e8m0_scale(amax: torch.Tensor, elem: ElementFormat, rule: str) -> torch.Tens
     return torch.where(torch.isfinite(amax), b, torch.full_like(b, 255))
 
 
-class BlockFloatCodec(Codec):
+class BlockFloatCodec(AxisGrouped, Codec):
     """Base of the hardware formats: blocks of `block` values along `axis`, optional Hadamard."""
 
     block = 32
@@ -109,17 +109,6 @@ class BlockFloatCodec(Codec):
         return nb * self.block * self.bits // 8
 
     # grouping axis, as the group codecs do (docs/design.md 1.1: data-driven reshaping)
-    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
-        if self.axis != -1 and x.dim() >= 2 and self.axis % x.dim() != x.dim() - 1:
-            x = x.movedim(self.axis, -1)
-        return x.contiguous()
-
-    def _finish(self, y: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        if self.axis != -1 and len(shape) >= 2 and self.axis % len(shape) != len(shape) - 1:
-            moved = list(shape)
-            moved.append(moved.pop(self.axis))
-            return y.view(moved).movedim(-1, self.axis).contiguous()
-        return y.view(shape)
 
     def _in_memory_order(self, shape: torch.Size) -> bool:
         return len(shape) < 2 or self.axis % len(shape) == len(shape) - 1
