@@ -20,7 +20,9 @@ import torch
 import taco
 from taco.comm.compressed import group_unit, slice_ranges
 from taco.kernels import triton_available
-from taco.kernels.triton_taco import progression
+
+pytest.importorskip("triton", reason="needs triton (the gpu extra)")
+from taco.kernels.triton_taco import progression  # noqa: E402 - needs triton
 
 pytestmark = pytest.mark.skipif(
     not triton_available() or os.environ.get("TRITON_INTERPRET") != "1", reason="needs triton's interpreter"
