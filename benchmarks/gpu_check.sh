@@ -12,7 +12,7 @@
 #                                 tail, NaN and zero groups), one worker process per codec: also the
 #                                 compile warm-up, since every later step loads its kernels from the
 #                                 Triton cache this step fills (benchmarks/gpu_codec_check.py)
-#   kernel-tests          75 s    pytest tests/test_kernels.py with Triton compiled for the GPU
+#   kernel-tests          75 s    pytest tests/kernels/test_kernels.py with Triton compiled for the GPU
 #   codec-bandwidth       50 s    encode / decode / fused decode-sum-encode (N=8) of 64 MiB, 256 MiB
 #                                 and 1 GiB bf16 messages (all larger than the 60 MB L2), every codec
 #                                 with a Triton kernel, as time ratios to a D2D copy in the same run
@@ -22,7 +22,7 @@
 #                                 (fused and unfused) against a D2D copy (benchmarks/gpu_replay.py)
 #   comm-loopback         45 s    the compressed collectives on CUDA in one process, with loopback
 #                                 stand-ins for the NCCL transfers: the real side stream, events,
-#                                 record_stream and buffer cache (tests/test_comm_loopback.py)
+#                                 record_stream and buffer cache (tests/comm/test_comm_loopback.py)
 #   train-data            20 s    offline data: $TACO_GPU_DATA (a prepared data dir with meta.json,
 #                                 or a .txt file / directory of .txt) or else a generated 1 MB corpus
 #   train                 55 s    `taco train --config configs/demo.toml --train.device=cuda
@@ -46,7 +46,7 @@
 # Usage:
 #   bash benchmarks/gpu_check.sh [--out DIR]   # on a CUDA machine; DIR default: $OUT, else runs/gpu_check
 #   bash benchmarks/gpu_check.sh --dry-run     # anywhere: CPU, tiny sizes, TRITON_INTERPRET=1 (~1 min
-#                                              # on 2 cores; tests/test_gpu_check.py runs it)
+#                                              # on 2 cores; tests/bench/test_gpu_check.py runs it)
 #   TACO_GPU_DATA=/path/to/data bash benchmarks/gpu_check.sh   # train on your own offline data
 # Writes DIR/gpu_check.log (everything printed), DIR/summary.json (one record per step),
 # DIR/steps/<step>.log and DIR/train/ (metrics.jsonl, summary.json, config.toml of the smoke run).
@@ -129,7 +129,7 @@ step_kernel_tests() {
   fi
   local sel=() out=$WORK/pytest.out
   [[ $DRY == 1 ]] && sel=(-k "triton or decode_sum_encode") # the interpreted Triton tests only
-  python -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py "${sel[@]}" 2>&1 | tee "$out"
+  python -m pytest -q -p no:cacheprovider -rs tests/kernels/test_kernels.py "${sel[@]}" 2>&1 | tee "$out"
   local rc=${PIPESTATUS[0]}
   if [[ $DRY == 0 ]] && grep -q "needs CUDA" "$out"; then
     echo "KEY the CUDA tests were skipped: torch sees no GPU"
@@ -195,7 +195,7 @@ step_recompute() {
 step_loopback() {
   python -c "import pytest" 2>/dev/null || { echo "KEY pytest is not installed"; exit 77; }
   local out=$WORK/loopback.out
-  python -m pytest -q -p no:cacheprovider tests/test_comm_loopback.py 2>&1 | tee "$out"
+  python -m pytest -q -p no:cacheprovider tests/comm/test_comm_loopback.py 2>&1 | tee "$out"
   local rc=${PIPESTATUS[0]}
   if [[ $DRY == 0 ]] && ! grep -q "passed" "$out"; then
     exit 1

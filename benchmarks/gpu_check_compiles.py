@@ -9,10 +9,10 @@ interpreter (`TRITON_INTERPRET=1`, tiny sizes), and each launch is filed under t
 on the GPU (`kernel_resources.cache_key`, the binding of `JITFunction.run`); the number of distinct
 keys is the number of compiles a cold cache makes. What is replayed, step by step:
 - codec-check: `gpu_codec_check.check_codec` of every codec the step checks;
-- kernel-tests: the calls of tests/test_kernels.py's CUDA tests (their parameters read from their
+- kernel-tests: the calls of tests/kernels/test_kernels.py's CUDA tests (their parameters read from their
   marks: encode and decode per codec and dtype, decode-sum-encode with a bf16 own term, round trips);
 - codec-bandwidth, host-overhead, allreduce-replay: `gpu_check.py`'s commands with every codec;
-- comm-loopback: tests/test_comm_loopback.py's collectives with the Triton backend;
+- comm-loopback: tests/comm/test_comm_loopback.py's collectives with the Triton backend;
 - train, train-tp2: the demo config's TP codec on its collectives (all-reduce two-shot and gather,
   reduce-scatter, all-gather) in bf16.
 
@@ -91,7 +91,7 @@ def codec_check(codecs) -> None:
 
 def kernel_tests() -> None:
     import taco
-    import tests.test_kernels as tk
+    import tests.kernels.test_kernels as tk
 
     def params(test, arg):
         for m in test.pytestmark:
@@ -127,7 +127,7 @@ def gpu_check_steps(codecs) -> None:
 
 def loopback() -> None:
     import taco
-    import tests.test_comm_loopback as lb
+    import tests.comm.test_comm_loopback as lb
     from taco.codec.specs import parse_spec
 
     def triton_codec(spec, device):
@@ -143,7 +143,7 @@ def loopback() -> None:
 
 def train(codec_spec: str) -> None:
     import taco
-    import tests.test_comm_loopback as lb
+    import tests.comm.test_comm_loopback as lb
     from taco.codec.specs import parse_spec
 
     name, opts = parse_spec(codec_spec)

@@ -24,7 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 from gpu_common import key, need_codecs, pick_device
 
-DTYPES = ("bfloat16",)  # the dtype the later steps time; tests/test_kernels.py covers fp32/fp16 on CUDA
+# the dtype the later steps time; tests/kernels/test_kernels.py covers fp32/fp16 on CUDA
+DTYPES = ("bfloat16",)
 # decode of the same bytes, Triton against eager: the rotation's fp32 sums may round differently,
 # then the output cast may move by one ulp of the output dtype (relative to the message's absmax)
 DECODE_TOL = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 1e-5}

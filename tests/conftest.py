@@ -14,9 +14,9 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
-    """`tests.corpus.TEXT` prepared as a text data set (BPE, vocab 300): (text path, cache dir)."""
+    """`tests.helpers.corpus.TEXT` prepared as a text data set (BPE, vocab 300): (text path, cache dir)."""
     from taco.train.data import prepare_text
-    from tests.corpus import TEXT
+    from tests.helpers.corpus import TEXT
 
     d = tmp_path_factory.mktemp("corpus")
     (d / "play.txt").write_text(TEXT)
@@ -28,9 +28,10 @@ def corpus(tmp_path_factory):
 @pytest.fixture
 def legacy_int_defaults(monkeypatch):
     """Tests of wire layouts and kernels written against the intB-hadamard settings before the
-    measured defaults (`tests.legacy_defaults`), for codecs built in this process; rank bodies call
-    `tests.legacy_defaults.pin()` themselves. The defaults are tested in tests/test_codec_defaults.py."""
-    from tests.legacy_defaults import LEGACY_INT_DEFAULTS, classes
+    measured defaults (`tests.helpers.legacy_defaults`), for codecs built in this process; rank bodies
+    call `tests.helpers.legacy_defaults.pin()` themselves. The defaults are tested in
+    tests/codec/test_codec_defaults.py."""
+    from tests.helpers.legacy_defaults import LEGACY_INT_DEFAULTS, classes
 
     for cls in classes():
         monkeypatch.setattr(cls, "DEFAULTS", dict(LEGACY_INT_DEFAULTS))

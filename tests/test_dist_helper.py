@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist import assert_equal, format_failures, run_distributed
+from tests.helpers.dist import assert_equal, format_failures, run_distributed
 
 
 def _sum_ranks(rank, world):

@@ -33,7 +33,7 @@ however often it is encoded (recompute included), and the collectives treat it l
 codec: chunked per destination rank, never sliced. Its codes do depend on how a collective cuts the
 tensor into per-rank chunks.
 
-Where these differ from torchao's reference (bit-identical elsewhere, tests/test_codec_mx.py):
+Where these differ from torchao's reference (bit-identical elsewhere, tests/codec/test_codec_mx.py):
 non-finite blocks get a NaN scale (torchao turns an Inf into the element's largest value); a block
 whose E8M0 scale is 2^-127 is quantized and decoded with 2^-127 (torchao uses 2^-126 or 1.0 there, on
 blocks whose absmax is below ~2^-119); the "rceil" exponent is computed from the bits (exact), not

@@ -22,7 +22,7 @@ DTensor that the gradient is already (or not yet) reduced, so DTensor adds no co
 Other layouts, DTensor or integer inputs and Embeddings' masked partial sums take the stock path,
 uncompressed. `policy=None` (or a policy
 whose codec is none) runs the plain collectives: outputs and gradients are bit-identical to the
-stock styles (tests/test_integrations_dtensor.py). One-dimensional TP meshes only.
+stock styles (tests/integrations/test_integrations_dtensor.py). One-dimensional TP meshes only.
 """
 
 from __future__ import annotations

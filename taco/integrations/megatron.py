@@ -25,7 +25,7 @@ What is routed (tensor parallelism without sequence parallelism; Megatron's SP p
 Module names come from `model` (forward hooks keep the module being run; a parameter's module for
 the backward all-reduce); without `model` the sites are `megatron.row.fwd` / `megatron.column.bwd`.
 `policy=None`, or a policy whose codec is none, runs the plain collectives: bit-identical to
-unpatched Megatron, and so is everything after `disable()` (tests/test_integrations_megatron.py).
+unpatched Megatron, and so is everything after `disable()` (tests/integrations/test_integrations_megatron.py).
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ def wrap_data_parallel(
     # synchronised backward. The rounding of a compressed bucket (and the summation order of a
     # ring all-reduce over > 2 ranks) depends on where each gradient sits in the flat bucket, so
     # a rebuild at a different step would keep a resumed run from reproducing the uninterrupted
-    # one (tests/test_3d.py). Cost: one autograd-graph walk per step and a pass-through node on
+    # one (tests/parallel/test_3d.py). Cost: one autograd-graph walk per step and a pass-through node on
     # the outputs. Every parameter must be used by every micro-batch (true of whole stages).
     # the search then finds `_WithPlaceholder`'s empty parameter, instead of warning on every rank
     # that it found no unused parameter (a C++ warning, printed whatever Python's filters say).

@@ -8,7 +8,7 @@ and activation gradients backward with `taco.comm.send/recv`, through a codec pe
 
 Schedules are data: per stage a list of actions (`fwd`, `bwd`, `send_fwd`, `recv_fwd`,
 `send_bwd`, `recv_bwd`, each with its micro-batch), so the order of point-to-point operations is
-written once and tested for deadlock freedom without processes (tests/test_pipeline.py).
+written once and tested for deadlock freedom without processes (tests/parallel/test_pipeline.py).
 Ordering assumptions, NCCL's (the strictest backend's; docs/design.md 1.3): a send completes only
 once its receiver has posted the matching receive, and a rank's transfers on the PP group run one
 after another in the order they are posted (`taco.comm` posts each as one
@@ -16,7 +16,7 @@ after another in the order they are posted (`taco.comm` posts each as one
 time. 1F1B (Megatron, arXiv 2104.04473) has two steady-state exchanges in which neighbours send
 to each other (Megatron's `send_forward_recv_backward` and `send_backward_recv_forward`); there
 even stages send first and odd stages receive first, so each pair (p, p+1) always has one sender
-and one receiver, and blocking transfers in this order never wait in a cycle (tests/test_pipeline.py
+and one receiver, and blocking transfers in this order never wait in a cycle (tests/parallel/test_pipeline.py
 checks every schedule under rendezvous semantics without processes). With `overlap_p2p`
 (default) a send and a receive with the same neighbour that are adjacent on both neighbours
 (`exchanges`: mirrored) run as one `taco.comm.send_recv` on both sides, one batch whose send and
@@ -24,7 +24,7 @@ receive progress together, so neither neighbour's receive queues behind its own 
 whose matching transfers the neighbour makes apart (with compute between, near the pipeline's
 ends) stays two blocking transfers in the even/odd order: as an exchange, its header batch (size
 check) would wait for a header the neighbour sends only after this rank's payload has arrived.
-tests/test_pipeline_nccl.py runs the engine under a shim with NCCL's point-to-point semantics.
+tests/parallel/test_pipeline_nccl.py runs the engine under a shim with NCCL's point-to-point semantics.
 Within a direction, messages between two ranks match in order (same tag), and every TP rank of
 a stage runs the same actions.
 With TP inside a stage the activation [b, s, h] is replicated over the TP group (with SP each TP

@@ -28,7 +28,7 @@ fp32 4 each. bf16 "master" (bf16 parameters, no autocast): everything bf16 but t
 and RMSNorm's fp32 copy of its input and its rsqrt (LayerNorm's mean and rstd follow the input
 on CPU; a CUDA kernel may keep them fp32, a few bytes per token). bf16 "autocast" (over fp32 weights): the
 residual stream, norms and statistics stay fp32, each linear keeps its own bf16 copy of its input
-and weight, the rest is bf16. `tests/test_plan.py` checks these counts against saved-tensor hooks
+and weight, the rest is bf16. `tests/bench/test_plan.py` checks these counts against saved-tensor hooks
 in real steps (CPU), for each recipe.
 """
 

@@ -18,10 +18,7 @@ from taco.bench.cluster_analysis import Sweep, analyse
 from taco.bench.cluster_records import LinkResult, RunRecord, pool_runs
 from taco.bench.cluster_report import format_markdown, format_report
 from taco.train.config import load_config
-
-NUMEL = 2 * 16 * 32  # batch 2, seq 16, hidden 32
-CALIB_UNCAPPED = dict(alpha_s=1e-4, beta_bytes_per_s=1e9)
-CALIB_50 = dict(alpha_s=1e-3, beta_bytes_per_s=6e6)
+from tests.helpers.bench import CALIB_50, CALIB_UNCAPPED, NUMEL, rec
 
 
 def test_without_root_it_says_so_and_exits_nonzero(monkeypatch, capsys):
@@ -37,30 +34,15 @@ def test_unknown_extra_arguments_are_rejected(capsys):
     assert "unrecognized arguments: stray" in capsys.readouterr().err
 
 
-def _rec(mode: str, codec: str, rate: float | None, step_s: float, comm_s: float, fwd: int, bwd: int) -> dict:
-    """A fake rank-0 record: 4 steps, two TP sites (one all-reduce each per step)."""
-    wire_scale = 1.0625 / fwd if codec != "none" else 1.0
-    raw = NUMEL * (fwd + bwd)
-    bump = 0.001 if codec != "none" else 0.0
-    steps = [dict(step_s=step_s, loss=5.0 - 0.1 * i + bump, raw_bytes=raw, wire_bytes=raw * wire_scale,
-                  comm_s=comm_s, encode_s=0.0, decode_s=0.0) for i in range(4)]  # fmt: skip
-    sites = {
-        "layers.0.attn.out.fwd": dict(calls=4, raw_bytes=4 * NUMEL * fwd, wire_bytes=0),
-        "layers.0.attn.qkv.bwd": dict(calls=4, raw_bytes=4 * NUMEL * bwd, wire_bytes=0),
-    }
-    val = 4.0 if codec == "none" else 4.004
-    return dict(mode=mode, codec=codec, rate_mbit=rate, world=2, steps=steps, sites=sites, val_loss=val)
-
-
 def _report(bwd: int = 2):
     cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
     sweep = Sweep.of(cfg, modes=["bf16"], codecs=["taco"], warmup=1, burst="0b", delay_ms=0.0,
                      model_codec="inplace")  # fmt: skip
     results = [
         dict(rate_mbit=None, probe=dict(bytes_per_s=1e9, rtt_s=1e-4), calib=CALIB_UNCAPPED, runs=[
-            _rec("bf16", "none", None, 0.10, 0.01, 2, bwd), _rec("bf16", "taco", None, 0.11, 0.01, 2, bwd)]),
+            rec("bf16", "none", None, 0.10, 0.01, 2, bwd), rec("bf16", "taco", None, 0.11, 0.01, 2, bwd)]),
         dict(rate_mbit=50.0, probe=dict(bytes_per_s=6e6, rtt_s=1e-3), calib=CALIB_50, runs=[
-            _rec("bf16", "none", 50.0, 1.00, 0.91, 2, bwd), _rec("bf16", "taco", 50.0, 0.55, 0.46, 2, bwd)]),
+            rec("bf16", "none", 50.0, 1.00, 0.91, 2, bwd), rec("bf16", "taco", 50.0, 0.55, 0.46, 2, bwd)]),
     ]  # fmt: skip
     rates = {"taco/bf16": dict(encode=1e8, decode=1e8, bytes_per_elem=1.0625)}
     rates["taco/fp32"] = rates["taco/bf16"]
@@ -100,17 +82,17 @@ def test_analysis_f_r_speedup_ideal_and_model():
 
 
 def test_records_convert_from_and_to_the_json_the_worker_writes():
-    rec = dict(_rec("bf16", "taco", 50.0, 0.55, 0.46, 2, 2), loadavg=[1.0, 1.5])
-    assert RunRecord.from_json(rec).to_json() == rec
+    run = dict(rec("bf16", "taco", 50.0, 0.55, 0.46, 2, 2), loadavg=[1.0, 1.5])
+    assert RunRecord.from_json(run).to_json() == run
     probe = dict(bytes_per_s=6e6, rtt_s=1e-3)
-    res = dict(rate_mbit=50.0, probe=probe, calib=CALIB_50, runs=[rec], qdisc="tbf")
+    res = dict(rate_mbit=50.0, probe=probe, calib=CALIB_50, runs=[run], qdisc="tbf")
     assert LinkResult.from_json(res).to_json() == res
     uncapped = dict(res, rate_mbit=None, runs=[])
     del uncapped["qdisc"]
     assert LinkResult.from_json(uncapped).to_json() == uncapped
 
 
-SAVED = Path(__file__).resolve().parents[1] / "docs" / "cluster_sweep.json"
+SAVED = Path(__file__).resolve().parents[2] / "docs" / "cluster_sweep.json"
 
 
 def test_saved_sweep_reanalyses_to_the_documented_table(tmp_path, capsys):
@@ -181,10 +163,10 @@ def test_repeated_uncapped_sets_are_pooled():
         rate_mbit=None,
         probe=dict(bytes_per_s=1e9),
         calib=dict(alpha_s=1e-4, beta_bytes_per_s=1e9),
-        runs=[_rec("bf16", "none", None, 0.10, 0.01, 2, 2)],
+        runs=[rec("bf16", "none", None, 0.10, 0.01, 2, 2)],
     )
     b = dict(rate_mbit=None, probe=dict(bytes_per_s=3e9), calib=dict(alpha_s=3e-4, beta_bytes_per_s=3e9),
-             runs=[_rec("bf16", "none", None, 0.20, 0.03, 2, 2)])  # fmt: skip
+             runs=[rec("bf16", "none", None, 0.20, 0.03, 2, 2)])  # fmt: skip
     capped = dict(rate_mbit=50.0, probe={}, calib=CALIB_50, runs=[])
     merged = pool_runs([LinkResult.from_json(x) for x in (a, capped, b)], warmup=1)
     assert [m.rate_mbit for m in merged] == [None, 50.0]
@@ -203,7 +185,7 @@ def test_repeats_interleave_and_pool_per_link():
     with pytest.raises(ValueError, match="--repeats"):
         interleave([a, b], 0)
     times = [("none", 1.0), ("taco", 0.5), ("taco", 0.7), ("none", 1.2)]
-    runs = [_rec("bf16", codec, 50.0, t, t - 0.1, 2, 2) for codec, t in times]
+    runs = [rec("bf16", codec, 50.0, t, t - 0.1, 2, 2) for codec, t in times]
     link = LinkResult.from_json(dict(rate_mbit=50.0, probe={}, calib=CALIB_50, runs=runs))
     (pooled,) = pool_runs([link], warmup=1)
     assert [(r.codec, r.repeats, len(r.steps)) for r in pooled.runs] == [("none", 2, 7), ("taco", 2, 7)]
@@ -291,7 +273,7 @@ def _rounds_link(rate: float | None, rounds: list[dict[str, float]]) -> LinkResu
     runs = []
     for i, times in enumerate(rounds):
         order = list(times.items()) if i % 2 == 0 else list(times.items())[::-1]
-        runs += [_rec("bf16", codec, rate, t, 0.8 * t if codec == "none" else 0.4 * t, 2, 2)
+        runs += [rec("bf16", codec, rate, t, 0.8 * t if codec == "none" else 0.4 * t, 2, 2)
                  for codec, t in order]  # fmt: skip
     return LinkResult.from_json(dict(rate_mbit=rate, probe=dict(bytes_per_s=6e6, rtt_s=1e-3), calib=CALIB_50,
                                      runs=runs))  # fmt: skip

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from taco.bench import codec as bench
 from taco.cli import build_parser
-
-TINY = ["--size", "4096", "--repeat", "1", "--device", "cpu"]
-
-
-def run_json(tmp_path, *extra: str) -> dict:
-    path = tmp_path / "out.json"
-    assert bench.main([*TINY, *extra, "--json", str(path)]) == 0
-    return json.loads(path.read_text())
+from tests.helpers.bench import TINY, run_json
 
 
 def test_rows_fields_and_exact_bytes(tmp_path, capsys):

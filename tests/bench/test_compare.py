@@ -6,7 +6,7 @@ import pytest
 
 from taco.cli import main
 from taco.train.compare import seed_summary
-from tests.test_train import tiny_args
+from tests.helpers.runs import tiny_args
 
 
 def test_seed_summary_arithmetic():

@@ -17,7 +17,7 @@ import pytest
 
 from taco.kernels import triton_available
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 CPU_STEPS = [
     "setup", "codec-check", "kernel-tests", "codec-bandwidth", "host-overhead", "allreduce-replay",

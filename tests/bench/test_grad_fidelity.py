@@ -5,7 +5,7 @@ import json
 import pytest
 
 from taco.train.grad_fidelity import fidelity_steps, grad_fidelity
-from tests.test_train import tiny
+from tests.helpers.runs import tiny
 
 
 def test_fidelity_steps_are_evenly_spaced_and_end_at_the_last_step():

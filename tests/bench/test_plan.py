@@ -17,8 +17,8 @@ from taco.train import plan_report as R
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer
-from tests.dist import run_distributed
-from tests.test_train import tiny_args
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import tiny_args
 
 CONFIGS = {  # bf16 under each train.mixed_precision recipe ("master": micro-batch sums in fp32), fp32
     "gpt-tp2-taco-bf16": [

@@ -188,7 +188,7 @@ def group_rel_err(x, y, G=128):
 
 
 # the hardware formats' power-of-two scales move the error with the mantissa of a block's absmax
-# (tests/test_codec_mx.py bounds it and checks exact scaling by powers of two)
+# (tests/codec/test_codec_mx.py bounds it and checks exact scaling by powers of two)
 @pytest.mark.parametrize("name", [n for n in LOSSY if n != "taco" and n not in MX_CODECS])
 def test_relative_error_is_scale_invariant_from_1e_minus30_to_1e30(name):
     x = torch.randn(32, 128)

@@ -128,7 +128,7 @@ def test_defaults_lead_the_hardware_formats_on_heavy_tails():
 
 def _collectives_body(rank: int, world: int) -> None:
     import taco.comm as tc
-    from tests.dist import assert_equal
+    from tests.helpers.dist import assert_equal
 
     xs = [torch.randn(8, 256, generator=torch.Generator().manual_seed(r)) * (r + 1) for r in range(world)]
     for spec in ("int4-hadamard", "int4-hadamard-g32", "int6-hadamard"):
@@ -144,6 +144,6 @@ def _collectives_body(rank: int, world: int) -> None:
 def test_defaults_in_the_collectives():
     """The new defaults (the search on the eager path, int6 on the fused one) in the collectives:
     the composition of round trips, and slicing changes nothing."""
-    from tests.dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     run_distributed(_collectives_body, 2)

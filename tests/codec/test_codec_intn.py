@@ -18,16 +18,16 @@ import torch
 
 import taco
 import taco.comm as tc
-import taco.kernels as K
 from taco.codec import functional as Fn
 from taco.codec import scales as S
 from taco.codec.formats import pack_bits, pack_int4, unpack_bits
 from taco.codec.hadamard import hadamard_matrix
 from taco.kernels import native
-from tests import legacy_defaults
-from tests.dist import assert_equal, run_distributed
-from tests.test_fused_path import counted, decode32, unfused_all_reduce
-from tests.test_gather_all_reduce import reference as gather_reference
+from tests.helpers import legacy_defaults
+from tests.helpers.collectives import counted, decode32, unfused_all_reduce
+from tests.helpers.collectives import reference as gather_reference
+from tests.helpers.dist import assert_equal, run_distributed
+from tests.helpers.kernels import triton_or_skip
 
 # written against the intB-hadamard wire settings before the measured defaults (conftest.py)
 pytestmark = pytest.mark.usefixtures("legacy_int_defaults")
@@ -135,7 +135,8 @@ def test_lean_scales_round_up_onto_their_grid():
 
 # -- backends ------------------------------------------------------------------------------------
 def test_native_serves_every_width_and_scale_format():
-    """Every intB-hadamard width and scale format runs the C kernels (tests/test_kernels_native_intn.py
+    """Every intB-hadamard width and scale format runs the C kernels
+    (tests/kernels/test_kernels_native_intn.py
     checks them against eager); codecs outside the group families still fall back to eager."""
     if native.library() is None:
         pytest.skip("no C compiler: native kernels not built")
@@ -146,15 +147,6 @@ def test_native_serves_every_width_and_scale_format():
             assert nb.supports(codec(bits, scale_fmt=sfmt), cpu), f"int{bits} {sfmt}"
     assert codec(6, backend="native").kernel(cpu).name == "native"
     assert not nb.supports(taco.get_codec("fp8-tensor"), cpu)
-
-
-def triton_or_skip() -> None:
-    if not K.triton_available():
-        pytest.skip("triton not installed")
-    from taco.kernels import triton_taco
-
-    if not triton_taco.INTERPRET:
-        pytest.skip("triton kernels on CPU need TRITON_INTERPRET=1 before triton is imported")
 
 
 @pytest.mark.parametrize("sfmt", SFMTS)

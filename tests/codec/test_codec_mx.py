@@ -209,7 +209,7 @@ def test_nvfp4_code_is_a_function_of_the_message():
 
 def _collectives_body(rank: int, world: int) -> None:
     import taco.comm as tc
-    from tests.dist import assert_equal
+    from tests.helpers.dist import assert_equal
 
     xs = [torch.randn(8, 96, generator=torch.Generator().manual_seed(r)) * (1 + 9 * r) for r in range(world)]
     x = xs[rank]
@@ -243,6 +243,6 @@ def _collectives_body(rank: int, world: int) -> None:
 def test_hardware_formats_in_every_collective():
     """all-gather, reduce-scatter, two-shot all-reduce and send/recv with MX and NVFP4 codecs give
     exactly the composition of the codec's own round trips (docs/design.md 1.3)."""
-    from tests.dist import run_distributed
+    from tests.helpers.dist import run_distributed
 
     run_distributed(_collectives_body, 2)

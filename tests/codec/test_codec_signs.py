@@ -3,7 +3,7 @@
 D = diag(+-1) from `hadamard.sign_flips` multiplies each group before the rotation and after its
 inverse. Checked: D's pattern (a flat Hadamard spectrum of D 1 for every G = 8..512), the spec and
 option plumbing, eager vs native C vs Triton (interpreter) under the criteria of the signs=False
-kernels (tests/test_kernels_native_intn.py: bit for bit where the rotation is exact, within one code
+kernels (tests/kernels/test_kernels_native_intn.py: bit for bit where the rotation is exact, within one code
 step on Gaussian inputs), a real fidelity gain on structured groups, and the zero/NaN/Inf rules.
 """
 
@@ -20,8 +20,7 @@ from taco.codec.formats import unpack_bits
 from taco.codec.hadamard import hadamard_matrix, sign_flips, signed_hadamard
 from taco.comm.policy import make_codec
 from taco.kernels import native
-from tests.test_codec_intn import triton_or_skip
-from tests.test_kernels_native_intn import assert_dsum_identical
+from tests.helpers.kernels import assert_dsum_identical, triton_or_skip
 
 # written against the intB-hadamard wire settings before the measured defaults (conftest.py)
 
@@ -252,7 +251,7 @@ def test_config_compare_and_cluster_take_signs(tmp_path):
 
 
 def test_bench_codec_takes_spec_strings(tmp_path):
-    from tests.test_bench_codec import run_json
+    from tests.helpers.bench import run_json
 
     d = tmp_path / "caps"
     d.mkdir()

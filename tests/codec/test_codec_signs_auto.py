@@ -16,31 +16,16 @@ import torch
 
 import taco
 from taco.codec import sqnr_db
-from taco.codec.hadamard import hadamard_matrix, sign_flips
 from taco.comm.policy import make_codec
 from taco.kernels import native
-from tests.test_codec_intn import triton_or_skip
+from tests.helpers.kernels import G, structured, triton_or_skip
 
 pytestmark = pytest.mark.filterwarnings("ignore:(All-NaN|invalid value):RuntimeWarning")
-
-G = 64
-
 
 def codec(signs: bool | str, bits: int = 6, sfmt: str = "bf16", backend: str = "eager", g: int = G):
     # absmax scales: the rule under test (int4-hadamard's default searches least-squares scales)
     return taco.get_codec(f"int{bits}-hadamard", group_size=g, scale_fmt=sfmt, signs=signs, backend=backend,
                           scale_search="absmax")  # fmt: skip
-
-
-def structured(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, G] groups: Gaussian plus a Walsh function (the plain rotation concentrates it: signs win) in
-    even rows, plus D times a Walsh function (the signed rotation concentrates it: plain wins) in odd
-    rows; and the rows' expected choice (True: signs)."""
-    gen = torch.Generator().manual_seed(seed)
-    w = hadamard_matrix(G)[torch.randint(0, G, (n,), generator=gen)]
-    want = torch.arange(n) % 2 == 0
-    base = torch.where(want[:, None], w, w * sign_flips(G))
-    return 1.5 * base + torch.randn(n, G, generator=gen), want
 
 
 def flags(c: taco.Codec, data: torch.Tensor) -> torch.Tensor:
@@ -123,7 +108,7 @@ def test_decode_of_a_flagged_group():
 
 def test_bench_codec_rows_keep_auto_apart(tmp_path):
     """`taco bench codec` labels: signs=True, signs="auto" and another group size are separate rows."""
-    from tests.test_bench_codec import run_json
+    from tests.helpers.bench import run_json
 
     auto = "int6-hadamard"  # signs="auto" is the default: its rows carry no mark
     codecs = ",".join(["taco", "int6-hadamard(signs=true)", "int6-hadamard(signs=auto)",

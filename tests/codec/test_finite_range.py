@@ -16,7 +16,7 @@ import torch
 
 from taco.codec.mx import MX_CODECS
 from taco.codec.scales import max_scale
-from tests.test_numerics_edges import LOSSY, PAIRS, build, missing
+from tests.helpers.numerics import LOSSY, PAIRS, build, missing
 
 # the Triton interpreter computes through numpy, which warns where a value saturates past the range
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")

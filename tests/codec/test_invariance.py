@@ -25,7 +25,7 @@ import torch
 
 G = 128
 NG = 48
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def capabilities() -> list[str]:
@@ -69,7 +69,7 @@ def _codecs() -> list[tuple[str, object]]:
     from taco.codec.specs import parse_spec
 
     # the hardware block formats keep their own layouts (fixed blocks, packed fp6/fp4) and have their
-    # own invariance tests (tests/test_codec_mx.py: an MX block's code is a function of the block)
+    # own invariance tests (tests/codec/test_codec_mx.py: an MX block's code is a function of the block)
     names = [n for n in taco.list_codecs() if n not in ("none", "fp8-tensor", *MX_CODECS)]
     names += ["int6-hadamard(signs=True)", "int6-hadamard(signs=auto)", "taco/bf16", "taco-1s/e8m0",
               "int5-hadamard/e8m0", "int6-hadamard(signs=auto)/bf16"]  # fmt: skip
@@ -137,7 +137,7 @@ def run_capability(cap: str, backends: list[str], timeout: float = 600) -> dict[
     if "triton" in backends:
         env["TRITON_INTERPRET"] = "1"
     code = (
-        "import json, sys, torch; from tests import test_invariance as t; "
+        "import json, sys, torch; from tests.codec import test_invariance as t; "
         f"assert torch.backends.cpu.get_cpu_capability().lower() == {cap!r}, "
         "torch.backends.cpu.get_cpu_capability(); "
         f"print('DIGESTS ' + json.dumps(t.worker({backends!r})))"
@@ -167,7 +167,7 @@ def test_codes_are_a_function_of_the_group_under_every_capability():
 @pytest.mark.slow
 def test_triton_codes_are_a_function_of_the_group_under_every_capability():
     """The Triton kernels under the interpreter (minutes): invariant within and across capabilities
-    (their bytes may differ from eager's within the tolerances of tests/test_kernels.py)."""
+    (their bytes may differ from eager's within the tolerances of tests/kernels/test_kernels.py)."""
     from taco.kernels import triton_available
 
     if not triton_available():

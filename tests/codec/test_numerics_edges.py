@@ -14,12 +14,10 @@ import torch.distributed as dist
 
 import taco
 import taco.comm as tc
-import taco.kernels as K
 from taco.codec.mx import MX_CODECS
-from taco.codec.specs import parse_spec
-from taco.kernels import native
-from tests import legacy_defaults
-from tests.dist import assert_equal, run_distributed
+from tests.helpers import legacy_defaults
+from tests.helpers.dist import assert_equal, run_distributed
+from tests.helpers.numerics import BACKENDS, PAIRS, SCALED, build, missing
 
 # the Triton interpreter runs NaN groups through numpy, which warns about them
 # written against the intB-hadamard wire settings before the measured defaults (G = 128, conftest.py)
@@ -29,48 +27,7 @@ pytestmark = [
 ]
 
 G = 128
-# every lossy codec, and lean per-group scale formats as "name/scale_fmt" (issue 13)
-SCALED = ["taco/bf16", "taco-1s/e8m0", "fp8-group/e8m0", "int8-hadamard/e8m0", "int6-hadamard/bf16",
-          "int6-hadamard/e8m0", "int5-hadamard/e8m0", "int6-hadamard(signs=auto)/bf16"]  # fmt: skip
-LOSSY = [n for n in taco.list_codecs() if n != "none"] + ["int6-hadamard(signs=auto)"] + SCALED
-BACKENDS = ["eager", "native", "triton"]
 SUB = 2.0**-149  # fp32's subnormal step
-
-
-def build(name: str, backend: str = "auto"):
-    """A codec from a LOSSY entry ("name" or "spec/scale_fmt"); fp8-tensor and the hardware block
-    formats have the reference only."""
-    spec, _, sfmt = name.partition("/")
-    base, opts = parse_spec(spec)
-    if base == "fp8-tensor" or base in MX_CODECS:
-        return taco.get_codec(base, **opts)
-    return taco.get_codec(base, backend=backend, **opts, **({"scale_fmt": sfmt} if sfmt else {}))
-
-
-def served(name: str, backend: str) -> bool:
-    """Whether `backend` runs this codec itself (pairs it would hand to the eager reference, like
-    native with other widths or scale formats, are the eager pair again and are left out)."""
-    if name == "fp8-tensor" or name in MX_CODECS:
-        return backend == "eager"
-    return backend != "native" or native.implements(build(name))
-
-
-# (codec, backend) pairs
-PAIRS = [(n, b) for n in LOSSY for b in BACKENDS if served(n, b)]
-
-
-def missing(backend: str) -> str | None:
-    """Why `backend` cannot run on this machine's CPU (None: it can)."""
-    if backend == "native" and native.library() is None:
-        return "no C compiler: native kernels not built"
-    if backend == "triton":
-        if not K.triton_available():
-            return "triton not installed"
-        from taco.kernels import triton_taco
-
-        if not triton_taco.INTERPRET:
-            return "triton kernels on CPU need TRITON_INTERPRET=1 before triton is imported"
-    return None
 
 
 def make_codec(name: str, backend: str):
@@ -145,7 +102,7 @@ def test_tiny_and_subnormal_groups_decode_finite(name, backend):
                 assert (y[zeros] == 0).all(), f"{what}: zero inputs decode to {y[zeros].abs().max()}"
             # lean scales have no grid below 2^-133 (bf16) / 2^-127 (e8m0): finite, not accurate,
             # there (their accuracy over 1e-30..1e30 is test_lean_scales_keep_their_relative_error);
-            # nor have the hardware formats' E8M0 / E4M3 scales (tests/test_codec_mx.py)
+            # nor have the hardware formats' E8M0 / E4M3 scales (tests/codec/test_codec_mx.py)
             lean = getattr(c, "scale_fmt", "fp32") != "fp32"
             if name == "taco" or lean or name in MX_CODECS or dtype != torch.float32:
                 continue
@@ -284,7 +241,7 @@ FAST_TRITON = {"taco", "int8-hadamard", "int6-hadamard"}
 GROUP_PAIRS = [
     pytest.param(n, b, marks=() if b != "triton" or n in FAST_TRITON else pytest.mark.slow, id=f"{n}-{b}")
     for n, b in PAIRS
-    # their blocks: tests/test_codec_mx.py; G = 32: tests/test_codec_defaults.py
+    # their blocks: tests/codec/test_codec_mx.py; G = 32: tests/codec/test_codec_defaults.py
     if n != "fp8-tensor" and n not in MX_CODECS and n != "int4-hadamard-g32"
 ]
 

@@ -13,7 +13,7 @@ import taco.comm as tc
 import taco.kernels  # noqa: F401 - registers the backends
 from taco.comm.handles import Handle
 from taco.kernels import inductor
-from tests.dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 
 # -- item 4: the inductor backend past torch._dynamo's recompile limit ---------------------------

@@ -1,6 +1,6 @@
 """taco.comm: compressed collectives against torch.distributed and against the codec itself.
 
-Every multi-rank body runs in gloo ranks spawned by tests/dist.py and asserts there, with the
+Every multi-rank body runs in gloo ranks spawned by tests/helpers/dist.py and asserts there, with the
 values in the message (pytest does not rewrite asserts in the ranks); `run_distributed` raises
 with the failing rank and its message first. Inputs are generated from a seed, so every rank can
 rebuild every other rank's tensor and the exact (fp64) reference.
@@ -23,7 +23,7 @@ import taco
 import taco.comm as tc
 from taco.codec import sqnr_db
 from taco.comm.compressed import aligned
-from tests.dist import assert_equal, run_distributed
+from tests.helpers.dist import assert_equal, run_distributed
 
 TACO = taco.get_codec("taco")
 
@@ -61,7 +61,8 @@ def _none_body(rank: int, world: int) -> None:
         ref = x.clone()
         dist.all_reduce(ref)
         assert_equal(tc.all_reduce(x, codec=codec), ref, f"all_reduce codec={codec!r}")
-    ref = x.t().clone()  # dist.all_reduce of the transposed layout itself (tests/test_comm_none_layout.py)
+    # dist.all_reduce of the transposed layout itself (tests/comm/test_comm_none_layout.py)
+    ref = x.t().clone()
     dist.all_reduce(ref)
     assert_equal(tc.all_reduce(x.t(), codec=None), ref, "all_reduce non-contiguous")
     h = tc.all_reduce(x, codec=None, async_op=True)

@@ -1,7 +1,7 @@
 """taco.comm memory and NaN/Inf accounting: the shared, capped BufferCache and sampled checks.
 
 The BufferCache arithmetic is checked exactly without torch.distributed; the model-like
-sequence and the non-finite counts run in gloo ranks (tests/dist.py) and are asserted in the
+sequence and the non-finite counts run in gloo ranks (tests/helpers/dist.py) and are asserted in the
 parent.
 """
 
@@ -13,7 +13,7 @@ import torch
 import taco.comm as tc
 from taco.comm import BufferCache, bucket_bytes
 from taco.comm.stats import SiteStats
-from tests.dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 CPU = torch.device("cpu")
 MiB = 1 << 20

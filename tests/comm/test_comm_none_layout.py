@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import taco.comm as tc
-from tests.dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 VIEWS = {  # fresh views of the same [6, 40, 50] values
     "transposed 3-d": lambda t: t.transpose(0, 2),

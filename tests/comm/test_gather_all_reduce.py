@@ -13,16 +13,8 @@ import torch
 
 import taco
 import taco.comm as tc
-from tests.dist import assert_equal, run_distributed
-from tests.test_fused_path import counted, decode32
-
-
-def reference(codec: taco.Codec, xs: list[torch.Tensor]) -> torch.Tensor:
-    """sum_r decode_fp32(encode(x_r)) in rank order, cast to x's dtype."""
-    total = decode32(codec, codec.encode(xs[0].reshape(-1))).clone()
-    for x in xs[1:]:
-        total += decode32(codec, codec.encode(x.reshape(-1)))
-    return total.to(xs[0].dtype).view_as(xs[0])
+from tests.helpers.collectives import counted, reference
+from tests.helpers.dist import assert_equal, run_distributed
 
 
 def inputs(world: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:

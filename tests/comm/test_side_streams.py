@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from taco.comm import BufferCache, streams
 from taco.comm.streams import communicator, side_stream
-from tests.dist import run_distributed
-from tests.test_3d import parallel_step
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import parallel_step
 
 CPU = torch.device("cpu")
 GPU0, GPU1 = torch.device("cuda", 0), torch.device("cuda", 1)  # keys only: nothing runs on them

@@ -13,6 +13,6 @@ def classes() -> list[type]:
 
 
 def pin() -> None:
-    """Make `LEGACY_INT_DEFAULTS` the defaults in this process (a rank of `tests.dist`)."""
+    """Make `LEGACY_INT_DEFAULTS` the defaults in this process (a rank of `tests.helpers.dist`)."""
     for cls in classes():
         cls.DEFAULTS = dict(LEGACY_INT_DEFAULTS)

@@ -16,7 +16,7 @@ do not queue behind each other, so orders of send/recv that hang on NCCL finish 
   seconds fails with `Deadlock`, raised by `wait()` on its unit and on every later unit of its
   queue: NCCL would hang there.
 The data travel over gloo as before; the rendezvous goes through the default group's store (one
-key per posted receive). Use it as a context manager inside a rank body (`tests/dist.py`); every
+key per posted receive). Use it as a context manager inside a rank body (`tests/helpers/dist.py`); every
 rank that takes part in the transfers must use it.
 """
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.dist import assert_equal, run_distributed
+from tests.helpers.dist import assert_equal, run_distributed
 
 DIM, HEADS, FFN, BATCH, SEQ = 64, 4, 128, 2, 16
 COLWISE = ["attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"]

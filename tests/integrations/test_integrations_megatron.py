@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.dist import assert_equal, run_distributed
+from tests.helpers.dist import assert_equal, run_distributed
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install 'taco-tp[megatron]')")
 

@@ -24,6 +24,7 @@ import taco
 from benchmarks.native_simd_check import build_with, decode, encode
 from taco.codec.formats import unpack_bits
 from taco.kernels import native
+from tests.helpers.kernels import assert_dsum_identical, dsum_outputs
 
 pytestmark = [
     pytest.mark.skipif(native.library() is None, reason="no C compiler: native kernels not built"),
@@ -86,30 +87,6 @@ def test_decode_sum_encode_bit_identical_to_eager_composition(sfmt):
     for name in names():
         e, n = pair(name, group_size=64, scale_fmt=sfmt)
         assert_dsum_identical(e, n, numel, gen, (0, 1, 2), f"{name} {sfmt}")
-
-
-def dsum_outputs(codecs, bufs: torch.Tensor, k: int, numel: int, own: torch.Tensor, own_index: int,
-                 dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each codec's decode-sum-encode of the `k` chunks in `bufs` (encoded by the first codec) and the
-    raw `own` term at `own_index`: [(re-encoded bytes, fp32 sums)] in the order of `codecs`."""
-    size = codecs[0].nbytes(numel)
-    got = []
-    for c in codecs:
-        out, s = torch.empty(size, dtype=torch.uint8), torch.empty(numel)
-        c.decode_sum_encode(bufs, size, k, numel, dtype, own=own, own_index=own_index, out=out, sum_out=s)
-        got.append((out, s))
-    return got
-
-
-def assert_dsum_identical(e, n, numel: int, gen, own_indices, what: str) -> None:
-    """`n`'s decode-sum-encode of two received chunks + a raw own term (bf16, at each of
-    `own_indices`) gives the sums and re-encoded bytes of the reference `e`, on small integers."""
-    xs = [torch.randint(-20, 21, (numel,), generator=gen).float() for _ in range(3)]
-    bufs = torch.cat([e.encode(xs[0]).data, e.encode(xs[1]).data])
-    for own_index in own_indices:
-        (oe, se), (on, sn) = dsum_outputs((e, n), bufs, 2, numel, xs[2].bfloat16(), own_index)
-        assert torch.equal(sn, se), f"{what} own@{own_index}: sums"
-        assert torch.equal(on, oe), f"{what} own@{own_index}: re-encoded bytes"
 
 
 # -- Gaussian inputs: within one step ------------------------------------------------------------

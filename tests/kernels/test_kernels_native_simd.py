@@ -21,7 +21,7 @@ import torch
 import taco
 from benchmarks.native_simd_check import CODECS, DTYPES, build_with, decode, dsum, encode, same
 from taco.kernels import native
-from tests.test_kernels import check_pair
+from tests.helpers.kernel_checks import check_pair
 
 pytestmark = [
     pytest.mark.usefixtures("legacy_int_defaults"),  # written against the former intB-hadamard settings
@@ -79,7 +79,7 @@ def wire_equal_but_nan_signs(codec, a: torch.Tensor, b: torch.Tensor, n: int) ->
 
 @pytest.mark.parametrize("g", [32, 128])
 def test_simd_matches_the_reference(g):
-    """The eager reference criterion of tests/test_kernels.py on batches and ragged groups."""
+    """The eager reference criterion of tests/kernels/test_kernels.py on batches and ragged groups."""
     check_pair("native", g, 40)
 
 

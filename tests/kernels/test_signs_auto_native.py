@@ -1,12 +1,12 @@
 """Issue 13: the native C kernels of `signs="auto"` (intB-hadamard), against the eager reference
-(`functional.int_encode(..., flips=D)`, tests/test_codec_signs_auto.py).
+(`functional.int_encode(..., flips=D)`, tests/codec/test_codec_signs_auto.py).
 
-Criteria of the other native int kernels (tests/test_kernels_native_intn.py): bytes identical where
+Criteria of the other native int kernels (tests/kernels/test_kernels_native_intn.py): bytes identical where
 every fp32 sum is exact (small integers); on Gaussian data the per-group choice agrees with eager's
 but where the two candidates' scales tie to rounding (the rotations sum in another order),
 codes within one step where choice and scale agree; decoded values of the same bytes within
 rounding; the AVX-512 build and the portable one give the same bytes. Zeros and NaN/Inf groups:
-tests/test_codec_signs_auto.py (every kernel backend).
+tests/codec/test_codec_signs_auto.py (every kernel backend).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from taco.codec.formats import unpack_bits
 from taco.codec.functional import _int_quant
 from taco.codec.hadamard import hadamard_matrix, sign_flips
 from taco.kernels import native
-from tests.test_codec_signs_auto import structured
-from tests.test_kernels_native_intn import assert_dsum_identical, dsum_outputs
+from tests.helpers.kernels import assert_dsum_identical, dsum_outputs, structured
 
 pytestmark = [
     pytest.mark.skipif(native.library() is None, reason="no C compiler: native kernels not built"),

@@ -1,11 +1,11 @@
 """Issue 13: the Triton kernels' `signs="auto"` (PICK) against the eager reference
-(`functional.int_encode(..., flips=D)`, tests/test_codec_signs_auto.py).
+(`functional.int_encode(..., flips=D)`, tests/codec/test_codec_signs_auto.py).
 
 Checked in the interpreter (TRITON_INTERPRET=1): bit for bit on exactly rotated inputs (small integers;
 bf16 scales also give exact decoded values), decode-sum-encode bit for bit, the per-group choice on
 Gaussian groups (the rotations' sums may round differently, so near-ties of the two scales may go
 the other way) and on groups built to favour one rotation (zeros and NaN/Inf groups:
-tests/test_codec_signs_auto.py).
+tests/codec/test_codec_signs_auto.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import torch
 import taco
 from taco.codec.formats import unpack_bits
 from taco.kernels import triton_available
-from tests.test_codec_intn import triton_or_skip
-from tests.test_codec_signs_auto import structured
-from tests.test_kernels_native_intn import assert_dsum_identical
+from tests.helpers.kernels import assert_dsum_identical, structured, triton_or_skip
 
 # written against the intB-hadamard settings before the measured defaults (conftest.py)
 pytestmark = [

@@ -4,7 +4,7 @@ The kernels are stubbed (benchmarks/host_overhead_stub.py: each launch is record
 nothing runs) and the transfers are no-ops, so any world size can be played in one process: the
 two-shot all-reduce makes one encode launch (the N-1 destination chunks on grid axis 1), one
 decode-sum-encode and one decode (the N chunks on grid axis 1) per slice, for every N, ragged
-messages included. Same bytes as the per-chunk launches: tests/test_kernels.py and
+messages included. Same bytes as the per-chunk launches: tests/kernels/test_kernels.py and
 `test_chunked_launch_matches_per_chunk` below.
 """
 
@@ -147,7 +147,7 @@ def test_kernel_resources_sm90_no_spills(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
     script = root / "benchmarks" / "kernel_resources.py"

@@ -9,8 +9,8 @@ from taco.parallel import ParallelDims, apply_tensor_parallel
 from taco.parallel.column_block import ColumnBlock
 from taco.parallel.layers import ColumnParallelLinear
 from taco.parallel.tags import tp_context
-from tests.dist import run_distributed
-from tests.test_3d import parallel_step, tiny
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import parallel_step, tiny_model
 
 
 def _on_off(rank: int, world: int) -> list[tuple[dict, dict]]:
@@ -40,7 +40,7 @@ def _order(rank: int, world: int) -> list[str]:
     is waited on: the capture hook marks the start, tensor hooks mark the gradients' arrival."""
     torch.manual_seed(0)
     dims = ParallelDims(tp=2).build()
-    model = apply_tensor_parallel(tiny("gpt", 1), None, dims)
+    model = apply_tensor_parallel(tiny_model("gpt", 1), None, dims)
     ctx = tp_context(model)
     events: list[str] = []
     ctx.capture = lambda site, t: events.append(f"start {site}") if site.endswith("mlp.up.bwd") else None

@@ -16,8 +16,8 @@ from taco.parallel import (
     vocab_parallel_cross_entropy,
 )
 from taco.parallel.tags import tp_context
-from tests.dist import assert_close, run_distributed
-from tests.test_parallel import tiny_gpt, tiny_qwen
+from tests.helpers.dist import assert_close, run_distributed
+from tests.helpers.models import tiny_gpt, tiny_qwen
 
 
 def _model(kind: str, sp: bool, world: int, policy=None):

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from taco.parallel import vocab_parallel_cross_entropy
-from tests.dist import assert_close, run_distributed
+from tests.helpers.dist import assert_close, run_distributed
 
 
 def _parity(rank, world, dtype, vocab, width, spread):

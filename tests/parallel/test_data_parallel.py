@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 from taco.comm import make_codec
 from taco.parallel import wrap_data_parallel
 from taco.parallel.data_parallel import DPHookState, compressed_allreduce_hook, copy_group
-from tests.dist import assert_equal, run_distributed
-from tests.test_3d import parallel_step
+from tests.helpers.dist import assert_equal, run_distributed
+from tests.helpers.runs import parallel_step
 
 
 def _dp2(rank: int, world: int) -> list[dict]:

@@ -33,13 +33,14 @@ from taco.parallel import (
 )
 from taco.parallel import fully_sharded as fs
 from taco.train.launch import launch
-from tests.dist import assert_close, assert_equal, run_distributed
-from tests.test_3d import SEQ, VOCAB, _cfg, _resume_exact, tiny
+from tests.helpers.dist import assert_close, assert_equal, run_distributed
+from tests.helpers.models import SEQ, VOCAB
+from tests.helpers.runs import resume_exact, run_config, tiny_model
 
 
 def _setup(dims: ParallelDims, kind: str, sharded: bool, codecs: dict[str, str], n_layer: int = 2) -> dict:
     torch.manual_seed(0)
-    model = tiny(kind, n_layer)
+    model = tiny_model(kind, n_layer)
     pol = CommPolicy(codec="none", check_sizes=False)
     apply_tensor_parallel(model, None, dims, None)
     stage = PipelineStage(model, dims.pp_rank, dims.pp)
@@ -214,8 +215,8 @@ def test_trainer_sharded_dp_matches_ddp_and_exports(corpus, tmp_path):
     from taco.train.export import load_run_model
 
     mesh = ["--parallel.dp=2", "--train.steps=2"]
-    ddp = launch(_cfg(corpus, tmp_path / "ddp", *mesh))
-    shd = launch(_cfg(corpus, tmp_path / "fsdp", *mesh, "--parallel.dp_shard=true"))
+    ddp = launch(run_config(corpus, tmp_path / "ddp", *mesh))
+    shd = launch(run_config(corpus, tmp_path / "fsdp", *mesh, "--parallel.dp_shard=true"))
     assert math.isclose(ddp["final_val_loss"], shd["final_val_loss"], rel_tol=1e-5)
     assert shd["dp_wire_bytes_per_step"] == shd["dp_raw_bytes_per_step"] > 0
     a, _, _ = load_run_model(tmp_path / "ddp")
@@ -229,7 +230,7 @@ def test_trainer_3d_sharded_compressed_resumes_exactly(corpus, tmp_path):
     mesh = ["--parallel.dp=2", "--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2"]
     mesh += ["--parallel.dp_shard=true", "--compression.tp_codec=taco"]
     mesh += ["--compression.dp_weight_codec=int8-hadamard", "--compression.dp_grad_codec=int8-hadamard"]
-    res = _resume_exact(corpus, tmp_path, mesh)
+    res = resume_exact(corpus, tmp_path, mesh)
     assert res["mesh"] == "DP2-PP2-TP2"
     assert 0 < res["dp_wire_bytes_per_step"] < 0.6 * res["dp_raw_bytes_per_step"]
     from taco.train.export import export_run

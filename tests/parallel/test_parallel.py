@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from taco.models import GPT, GPTConfig, Qwen, QwenConfig
+from taco.models import GPT, GPTConfig
 from taco.parallel import (
     ColumnParallelLinear,
     ParallelDims,
@@ -19,28 +19,8 @@ from taco.parallel import (
     sync_tp_partial_grads,
     vocab_parallel_cross_entropy,
 )
-from tests.dist import assert_close, run_distributed
-
-
-def tiny_gpt():
-    return GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=4, n_embd=32, block_size=16))
-
-
-def tiny_qwen(qk_norm=False):
-    return Qwen(
-        QwenConfig(
-            vocab_size=64,
-            hidden_size=64,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            max_position_embeddings=16,
-            tie_word_embeddings=False,
-            qk_norm=qk_norm,
-            attention_bias=not qk_norm,
-        )
-    )
+from tests.helpers.dist import assert_close, run_distributed
+from tests.helpers.models import tiny_gpt, tiny_qwen
 
 
 def _ref_slice(ref_param: torch.Tensor, mod: nn.Module, pname: str, tp: int, r: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ import torch
 from taco.parallel import PipelineStage, stage_layers
 from taco.parallel.pipeline import SCHEDULES, Action, exchanges, one_f_one_b_actions, schedule_actions
 from taco.parallel.tags import is_pp_copy
-from tests.dist import run_distributed
-from tests.test_3d import parallel_step, tiny
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import parallel_step, tiny_model
 
 _PEER = {"send_fwd": 1, "recv_fwd": -1, "send_bwd": -1, "recv_bwd": 1}
 _MATCH = {"send_fwd": "recv_fwd", "recv_fwd": "send_fwd", "send_bwd": "recv_bwd", "recv_bwd": "send_bwd"}
@@ -112,7 +112,7 @@ def test_stage_keeps_its_layers_embedding_and_head():
     stages = []
     for s in range(2):
         torch.manual_seed(0)  # every rank builds the same full model, then keeps its stage
-        stages.append(PipelineStage(tiny("gpt", 3), s, 2))
+        stages.append(PipelineStage(tiny_model("gpt", 3), s, 2))
     first, last = stages
     names0 = {n.split(".")[2] for n, _ in first.named_parameters() if ".layers." in n}
     names1 = {n.split(".")[2] for n, _ in last.named_parameters() if ".layers." in n}
@@ -218,7 +218,7 @@ def test_send_recv_exchanges_both_ways_in_any_order():
 
 def _exchange(rank: int, world: int) -> None:
     from taco import comm
-    from tests.dist import assert_equal
+    from tests.helpers.dist import assert_equal
 
     torch.manual_seed(rank)
     mine, peer = torch.randn(300), 1 - rank

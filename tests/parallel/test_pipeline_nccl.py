@@ -1,4 +1,4 @@
-"""Pipeline transfers under NCCL's point-to-point semantics (tests/nccl_shim.py): sends that wait
+"""Pipeline transfers under NCCL's point-to-point semantics (tests/helpers/nccl_shim.py): sends that wait
 for their receiver, a pair's operations in one queue, only a batch's operations together.
 
 The exchange that posts a send and then a receive to one peer deadlocks there (the shim reports
@@ -15,9 +15,9 @@ import torch
 
 from taco import comm
 from taco.parallel.pipeline import exchanges, schedule_actions
-from tests.dist import assert_equal, run_distributed
-from tests.nccl_shim import Deadlock, NcclP2P
-from tests.test_3d import parallel_step
+from tests.helpers.dist import assert_equal, run_distributed
+from tests.helpers.nccl_shim import Deadlock, NcclP2P
+from tests.helpers.runs import parallel_step
 
 EXCHANGE = ("recv", "send")  # a batch of one receive and one send: `send_recv`
 

@@ -12,8 +12,8 @@ import torch
 from taco.comm import CommPolicy
 from taco.train.autopolicy import Message, SiteRecorder, Timing, decide, disagrees, predict_step_s
 from taco.train.config import load_config
-from tests.dist import run_distributed
-from tests.test_train import tiny_args
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import tiny_args
 
 
 def test_decide_compresses_only_where_it_beats_plain_by_the_margin():
@@ -198,7 +198,7 @@ def test_bench_cluster_auto_runs_taco_with_when_auto_and_its_model_is_the_faster
     from taco.bench.cluster_analysis import Sweep, analyse, model_curves
     from taco.bench.cluster_records import LinkResult
     from taco.bench.cluster_report import format_markdown, format_report
-    from tests.test_bench_cluster import CALIB_50, CALIB_UNCAPPED, _rec
+    from tests.helpers.bench import CALIB_50, CALIB_UNCAPPED, rec
 
     cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
     args = argparse.Namespace(comm=["bf16"], codecs=["taco", "auto", "auto:int6-hadamard"], threads=1,
@@ -214,14 +214,14 @@ def test_bench_cluster_auto_runs_taco_with_when_auto_and_its_model_is_the_faster
     assert rates["auto/bf16"]["bytes_per_elem"] == pytest.approx(1 + 8 / 128)
 
     # uncapped: the auto run chose plain (its record is the baseline's numbers); at 50 Mbit/s it compresses
-    plain_auto = dict(_rec("bf16", "none", None, 0.10, 0.01, 2, 2), codec="auto")
+    plain_auto = dict(rec("bf16", "none", None, 0.10, 0.01, 2, 2), codec="auto")
     results = [
         dict(rate_mbit=None, probe=dict(bytes_per_s=1e9, rtt_s=1e-4), calib=CALIB_UNCAPPED, runs=[
-            _rec("bf16", "none", None, 0.10, 0.01, 2, 2), _rec("bf16", "taco", None, 0.11, 0.01, 2, 2),
+            rec("bf16", "none", None, 0.10, 0.01, 2, 2), rec("bf16", "taco", None, 0.11, 0.01, 2, 2),
             plain_auto]),
         dict(rate_mbit=50.0, probe=dict(bytes_per_s=6e6, rtt_s=1e-3), calib=CALIB_50, runs=[
-            _rec("bf16", "none", 50.0, 1.00, 0.91, 2, 2), _rec("bf16", "taco", 50.0, 0.55, 0.46, 2, 2),
-            _rec("bf16", "auto", 50.0, 0.56, 0.46, 2, 2)]),
+            rec("bf16", "none", 50.0, 1.00, 0.91, 2, 2), rec("bf16", "taco", 50.0, 0.55, 0.46, 2, 2),
+            rec("bf16", "auto", 50.0, 0.56, 0.46, 2, 2)]),
     ]  # fmt: skip
     sweep = Sweep.of(cfg, modes=["bf16"], codecs=["taco", "auto"], warmup=1, burst="0b", delay_ms=0.0,
                      model_codec="inplace")  # fmt: skip

@@ -10,8 +10,8 @@ from taco.cli import main
 from taco.comm.policy import make_codec
 from taco.train.calibration import CALIBRATION_FILE, SiteSampler, decide
 from taco.train.data import resolve_data_dir
-from tests.dist import run_distributed
-from tests.test_train import tiny
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import tiny
 
 CAL = ["--compression.calibrate=true", "--compression.calibrate_steps=2"]
 
@@ -87,7 +87,7 @@ def test_with_pipeline_stages_every_stage_decides_and_every_rank_installs_all(co
 
 @pytest.mark.slow  # two 2-rank runs, ~40 s
 def test_taco_calibrate_runs_k_steps_writes_the_json_and_an_unmet_budget_fails(corpus, tmp_path, capfd):
-    from tests.test_train import tiny_args
+    from tests.helpers.runs import tiny_args
 
     base = ["calibrate", *tiny_args(corpus, tmp_path / "c"), "--parallel.tp=2"]
     base.append("--compression.calibrate_steps=1")

@@ -29,7 +29,7 @@ from taco.train.config import (
 )
 from taco.train.config.coerce import coerce as _coerce
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SECTIONS = [ModelConfig, ParallelConfig, CompressionConfig, TrainConfig, DataConfig]
 
 

@@ -18,7 +18,7 @@ from taco.train.build import train_dtype
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer
-from tests.dist import run_distributed
+from tests.helpers.dist import run_distributed
 
 
 def _args(corpus, out: Path, *mesh: str) -> list[str]:

@@ -19,7 +19,7 @@ from taco.train.build import model_vocab, padded_vocab
 from taco.train.config import load_config
 from taco.train.data import TokenDataset, load_meta
 from taco.train.finetune import resolve_init_from
-from tests.dist import assert_close, run_distributed
+from tests.helpers.dist import assert_close, run_distributed
 
 TEXT = "\n".join(
     f"HAMLET. To be, or not to be, that is the question {i}.\n"

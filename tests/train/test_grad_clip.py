@@ -10,8 +10,8 @@ import torch
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer, sum_squares
-from tests.dist import assert_close, assert_equal, run_distributed
-from tests.test_train import tiny_args
+from tests.helpers.dist import assert_close, assert_equal, run_distributed
+from tests.helpers.runs import tiny_args
 
 
 def test_sum_squares_is_the_fp32_sum_of_squares_of_every_dtype():

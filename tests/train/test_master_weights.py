@@ -10,7 +10,7 @@ from torch import nn
 
 from taco.parallel.master_weights import MasterWeightsOptimizer
 from taco.train.launch import launch
-from tests.test_train import losses, tiny
+from tests.helpers.runs import losses, tiny
 
 
 def _pair(seed: int = 0) -> tuple[nn.Module, list[dict]]:

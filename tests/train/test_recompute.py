@@ -10,8 +10,8 @@ from taco.parallel.recompute import SavedBytes
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer
-from tests.dist import run_distributed
-from tests.test_train import tiny_args
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import tiny_args
 
 
 def _run(args: list[str], mode: str, steps: int) -> dict:

@@ -1,7 +1,7 @@
 """A run's failure modes end cleanly: verified checkpoints, one-line rank errors, signals, run folders.
 
-Each test is small (world 2, the tiny TP=2 GPT of test_train, a few steps). The checkpoint tests
-share one run (4 steps, checkpoints at steps 2 and 4), copied before being damaged.
+Each test is small (world 2, the tiny TP=2 GPT of `tests.helpers.runs.tiny`, a few steps). The
+checkpoint tests share one run (4 steps, checkpoints at steps 2 and 4), copied before being damaged.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,9 +25,9 @@ from taco.train.checkpoint import load_checkpoint
 from taco.train.config import load_config
 from taco.train.errors import CheckpointError
 from taco.train.launch import launch
-from tests.test_train import losses, tiny, tiny_args
+from tests.helpers.procs import child_pids, finish_run, proc_name, start_long_run
+from tests.helpers.runs import losses, tiny, tiny_args
 
-ROOT = Path(__file__).resolve().parents[1]
 MESH = {"dp": 1, "pp": 1, "tp": 2, "sp": 0}
 
 
@@ -139,54 +138,6 @@ def test_the_process_group_timeout_is_a_config_field(corpus, tmp_path, monkeypat
         load_config(None, [*tiny_args(corpus, tmp_path), "--parallel.timeout_s=0"])
 
 
-def _children(pid: int) -> set[int]:
-    """Every live descendant of `pid` (from /proc)."""
-    parents: dict[int, int] = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    out, todo = set(), [pid]
-    while todo:
-        q = todo.pop()
-        kids = [c for c, pp in parents.items() if pp == q]
-        out.update(kids)
-        todo.extend(kids)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_long_run(corpus, out: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    argv = [*tiny_args(corpus, out), "--parallel.tp=2", "--train.steps=100000", "--train.log_interval=1"]
-    argv += ["--train.eval_interval=0", *extra]
-    return subprocess.Popen(
-        [sys.executable, "-m", "taco.cli", "train", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,  # its own process group, as a job in a terminal
-    )
-
-
 def _wait_first_step(proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -200,36 +151,18 @@ def _wait_first_step(proc: subprocess.Popen, timeout: float = 180) -> None:
     raise AssertionError(f"no step logged (exit code {proc.poll()}): {proc.stderr.read()[-2000:]}")
 
 
-def _finish(proc: subprocess.Popen, kids: set[int], timeout: float) -> tuple[int, list[str], float]:
-    """Wait for the launcher and its ranks; (exit code, stderr lines, seconds); kills leftovers."""
-    t0 = time.time()
-    try:
-        _, err = proc.communicate(timeout=timeout)  # EOF only once every rank closed the pipes too
-        gone = time.time() + 5
-        while any(_alive(k) for k in kids) and time.time() < gone:
-            time.sleep(0.1)
-        left = [k for k in kids if _alive(k)]
-        assert not left, f"ranks still running after the launcher exited: {left}"
-        return proc.returncode, [x for x in err.splitlines() if x.strip()], time.time() - t0
-    finally:
-        for k in [proc.pid, *kids]:
-            if _alive(k):
-                os.kill(k, signal.SIGKILL)
-        proc.wait()
-
-
 @pytest.mark.slow  # ~40 s: a rank stopped with SIGSTOP ends the job after parallel.timeout_s
 def test_a_stopped_rank_ends_the_job_after_the_timeout(corpus, tmp_path):
-    proc = _start_long_run(corpus, tmp_path / "run", "--parallel.timeout_s=10")
+    proc = start_long_run(corpus, tmp_path / "run", "--parallel.timeout_s=10")
     try:
         _wait_first_step(proc)
-        kids = _children(proc.pid)
-        (rank1,) = [k for k in kids if _comm(k) == "taco-rank1"]
+        kids = child_pids(proc.pid)
+        (rank1,) = [k for k in kids if proc_name(k) == "taco-rank1"]
         os.kill(rank1, signal.SIGSTOP)
     except BaseException:
-        _finish(proc, _children(proc.pid), 1)
+        finish_run(proc, child_pids(proc.pid), 1)
         raise
-    code, err, took = _finish(proc, kids, timeout=60)
+    code, err, took = finish_run(proc, kids, timeout=60)
     assert code == 1 and took < 40, (code, took, err)
     assert re.fullmatch(r"taco train: error on rank 0: .*", err[-1]), err
 

@@ -20,8 +20,8 @@ from taco.comm.telemetry import (
     roundtrip_fidelity,
 )
 from taco.train.launch import launch
-from tests.dist import run_distributed
-from tests.test_train import tiny
+from tests.helpers.dist import run_distributed
+from tests.helpers.runs import tiny
 
 BAD_SITE = "layers.0.mlp.down.fwd"
 

@@ -1,8 +1,8 @@
 """The rough edges of a new user's first hour, each fixed and kept fixed: one clear line instead of
 a traceback or a flood, a warning that said nothing gone, defaults shown, progress kept on Ctrl-C.
 
-Runs are the tiny TP=2 GPT of test_train (world 2, a few steps); the signal tests start `taco train`
-as a job of its own, as a terminal would (helpers of test_runs_reliability).
+Runs are the tiny TP=2 GPT of `tests.helpers.runs.tiny` (world 2, a few steps); the signal tests
+start `taco train` as a job of its own, as a terminal would (`tests.helpers.procs`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pytest
 
 from taco.cli import main
 from taco.train.launch import launch
-from tests.test_runs_reliability import ROOT, _children, _comm, _finish, _start_long_run
-from tests.test_train import losses, tiny, tiny_args
+from tests.helpers.procs import ROOT, child_pids, finish_run, proc_name, start_long_run
+from tests.helpers.runs import losses, tiny, tiny_args
 
 
 def _train(capfd, argv: list[str]) -> tuple[int, list[str]]:
@@ -126,7 +126,7 @@ def test_a_stopped_run_keeps_its_last_step_and_resumes_from_it(corpus, tmp_path,
     the suite short) `--train.resume=true` continues at step k + 1 as the uninterrupted run."""
     out = tmp_path / "run"
     flat = ["--train.warmup_steps=0", "--train.min_lr=1e-3", "--train.lr=1e-3"]  # lr independent of steps
-    proc = _start_long_run(corpus, out, *flat)
+    proc = start_long_run(corpus, out, *flat)
     try:
         step = 0
         while step < 3:  # a few steps in, somewhere in the middle of one
@@ -134,16 +134,16 @@ def test_a_stopped_run_keeps_its_last_step_and_resumes_from_it(corpus, tmp_path,
             assert line or proc.poll() is None, proc.stderr.read()[-2000:]
             if m := re.search(r" step +(\d+)/", line):
                 step = int(m.group(1))
-        kids = _children(proc.pid)
-        assert sum(_comm(k).startswith("taco-rank") for k in kids) == 2, [_comm(k) for k in kids]
+        kids = child_pids(proc.pid)
+        assert sum(proc_name(k).startswith("taco-rank") for k in kids) == 2, [proc_name(k) for k in kids]
     except BaseException:
-        _finish(proc, _children(proc.pid), 1)
+        finish_run(proc, child_pids(proc.pid), 1)
         raise
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)
     else:
         proc.send_signal(sig)
-    code, err, took = _finish(proc, kids, timeout=60)
+    code, err, took = finish_run(proc, kids, timeout=60)
     assert code == 128 + sig and took < 20, (code, took, err)
     m = re.fullmatch(
         rf"taco train: stopped by {sig.name}: checkpoint of step (\d+) written to (.*); continue with "
@@ -169,21 +169,21 @@ def test_a_stopped_run_keeps_its_last_step_and_resumes_from_it(corpus, tmp_path,
 def test_a_second_signal_stops_at_once(corpus, tmp_path):
     """The first Ctrl-C asks for a checkpoint; a second one stops every rank without waiting (here
     rank 1 is frozen, so the first request could never be met)."""
-    proc = _start_long_run(corpus, tmp_path / "run")
+    proc = start_long_run(corpus, tmp_path / "run")
     try:
         while " step " not in proc.stdout.readline():
             assert proc.poll() is None, proc.stderr.read()[-2000:]
-        kids = _children(proc.pid)
-        (rank1,) = [k for k in kids if _comm(k) == "taco-rank1"]
+        kids = child_pids(proc.pid)
+        (rank1,) = [k for k in kids if proc_name(k) == "taco-rank1"]
         os.kill(rank1, signal.SIGSTOP)
         os.killpg(proc.pid, signal.SIGINT)
         while "finishing the step" not in proc.stderr.readline():
             assert proc.poll() is None
         os.killpg(proc.pid, signal.SIGINT)
     except BaseException:
-        _finish(proc, _children(proc.pid), 1)
+        finish_run(proc, child_pids(proc.pid), 1)
         raise
-    code, err, took = _finish(proc, kids, timeout=30)
+    code, err, took = finish_run(proc, kids, timeout=30)
     assert code == 130 and took < 15, (code, took, err)
     assert err[-1] == "taco train: stopped by SIGINT: 2 rank(s) stopped at once, no checkpoint written", err
 
