@@ -1,23 +1,16 @@
 """Benchmarks (docs/design.md 3): codec fidelity/throughput, collectives, emulated clusters, cost model.
 
 Every figure is measured side by side in one run; each benchmark prints a table and can write JSON.
-This file registers the `taco bench` subcommands and holds what their entries share: library code
-here raises `BenchError` (the environment cannot run it: no root, no iproute2) or
-`ValueError` (an option value it does not support); only the command-line entries (`run_codec`,
-`run_comm`, `run_cluster`, `netns.main`, wrapped by `cli_entry`) turn them into one line on stderr
-and exit status 2.
+This file registers the `taco bench` subcommands and holds what their entries share. The
+benchmarks raise `BenchError` (the environment cannot run it: no root, no iproute2) or `ValueError`
+(an option value it does not support); `taco.cli`, the one place that maps errors to exit codes,
+turns them into one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
-import sys
-from collections.abc import Callable
-from typing import TypeVar
-
-F = TypeVar("F", bound=Callable[..., int])
 
 
 class BenchError(RuntimeError):
@@ -25,24 +18,6 @@ class BenchError(RuntimeError):
 
     The message is complete and meant for the user; no traceback is needed to act on it.
     """
-
-
-def cli_entry(prog: str) -> Callable[[F], F]:
-    """Decorate a command-line entry: `BenchError` and `ValueError` become "prog: message" on stderr
-    and exit status 2, instead of a traceback (the library below raises, it never exits)."""
-
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def entry(*args, **kwargs) -> int:
-            try:
-                return fn(*args, **kwargs)
-            except (BenchError, ValueError) as e:
-                print(f"{prog}: {e}", file=sys.stderr)
-                return 2
-
-        return entry  # type: ignore[return-value]
-
-    return wrap
 
 
 BENCHES = ("codec", "comm", "cluster")
@@ -74,10 +49,3 @@ def add_bench_subparsers(sub: argparse._SubParsersAction) -> None:
         mod.add_arguments(p)
         takes = getattr(mod, "TAKES_OVERRIDES", False)
         p.set_defaults(func=getattr(mod, f"run_{name}"), takes_overrides=takes)
-
-
-def bench_main(name: str, argv: list[str] | None = None) -> int:
-    """`python -m taco.bench.<name> ARGS` = `taco bench <name> ARGS` (one parser for both)."""
-    from taco.cli import main
-
-    return main(["bench", name, *(sys.argv[1:] if argv is None else argv)])

@@ -49,7 +49,6 @@ import torch
 
 from taco.codec.specs import split_specs
 
-from . import bench_main, cli_entry
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
 from .cluster_noise import CONTROL
 from .cluster_records import MODES, PHASES, LinkResult, RunRecord
@@ -252,7 +251,6 @@ def _worker(job_path: str) -> int:
 def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[str, Any]]:
     """One spec per (comm mode, codec): the baseline "none" first in each mode; with `--repeats` >= 2
     the baseline again right after it as the A/A control (`cluster_noise.CONTROL`)."""
-    from taco.codec.specs import codec_config
 
     bad = [m for m in args.comm if m not in MODES]
     if bad:
@@ -267,11 +265,8 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             choice = type(c.parallel.tp_comm_dtype)
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
             base = auto_base(codec)  # "auto" / "auto:CODEC": that codec only where it pays
-            opts = cfg.compression.tp_codec_options  # with a spec string's ("int6-hadamard(signs=true)")
             plain = codec == CONTROL  # the A/A control runs the baseline's config
-            c.compression.tp_codec, c.compression.tp_codec_options = codec_config(
-                "none" if plain else base or codec, opts
-            )
+            c.compression.set_tp_codec("none" if plain else base or codec)
             c.compression.when = "auto" if base else "always"
             c.compression.telemetry_every = 0  # timed runs: no fidelity round trips inside the timing
             c.train.resume = False
@@ -329,14 +324,14 @@ def execute(rate: float | None, specs: list[dict[str, Any]], args: argparse.Name
 
 def codec_rates(codecs: list[str], numel: int, threads: int, backend: str) -> dict[str, dict[str, float]]:
     """Elements/s of encode and decode per (codec, input dtype) at the TP message size, in place."""
-    from taco.comm import make_codec
+    from taco.codec import build_codec
 
     if backend == "auto":
         import taco.kernels  # noqa: F401
     torch.set_num_threads(threads)
     out: dict[str, dict[str, float]] = {}
     for spec in codecs:
-        codec = make_codec(auto_base(spec) or spec)
+        codec = build_codec(auto_base(spec) or spec)
         if codec is None:
             continue
         for dt_name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
@@ -397,7 +392,6 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     return Config.from_dict(meta["config"]), results, rates
 
 
-@cli_entry("taco bench cluster")
 def run_cluster(args: argparse.Namespace) -> int:
     """Run the sweep described by `args`; print the tables; 0 on success, 2 (one line on stderr)
     without root or for options the emulation does not take."""
@@ -432,9 +426,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("cluster", argv)
+if __name__ == "__main__":  # `python -m taco.bench.cluster ARGS` = `taco bench cluster ARGS`
+    from taco.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "cluster", *sys.argv[1:]]))

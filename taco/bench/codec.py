@@ -34,8 +34,6 @@ from taco.codec.scales import check_scale_fmt
 from taco.codec.specs import parse_spec, split_specs
 from taco.comm.stats import sync_device
 
-from . import bench_main, cli_entry
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RANGE_SCALES = (1e-30, 1e-20, 1e-15, 1e-10, 1e-5, 1.0, 1e5, 1e10, 1e11, 1e12, 1e15, 1e20, 1e30)
 HIDDEN = 1024  # row width of the synthetic [tokens, hidden] tensors
@@ -125,7 +123,7 @@ def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> fl
 
 
 # -- the benchmark --------------------------------------------------------------------------------
-def make_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32") -> taco.Codec:
+def grid_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32") -> taco.Codec:
     """A codec name or spec string ("int6-hadamard(signs=true)": its options win over the others)."""
     name, opts = parse_spec(spec)
     if issubclass(CODECS[name], GroupCodec):
@@ -192,7 +190,7 @@ def range_table(codecs: list[str], group_size: int, device: torch.device) -> dic
     for name in codecs:
         if name == "none":
             continue
-        c = make_codec(name, group_size, "auto")
+        c = grid_codec(name, group_size, "auto")
         out[name] = {
             f"{s:g}": max_group_rel_err(base * s, c.roundtrip(base * s), group_size) for s in RANGE_SCALES
         }
@@ -224,7 +222,7 @@ def run(args: argparse.Namespace) -> dict:
             grouped = issubclass(CODECS[parse_spec(name)[0]], GroupCodec)
             for sf in sfmts if grouped else ["fp32"]:
                 for b in backends_for(name, args.backend, device):
-                    c = make_codec(name, args.group_size, "auto" if b == "-" else b, sf)
+                    c = grid_codec(name, args.group_size, "auto" if b == "-" else b, sf)
                     row = measure(c, x, args.repeat, args.group_size, copy_s)
                     rows.append({"family": fam, "backend": b, "dtype": args.dtype, "numel": x.numel(), **row})
     result = {
@@ -361,7 +359,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--docs", default="", help="--frontier: write the tables into this page's frontier region")
 
 
-@cli_entry("taco bench codec")
 def run_codec(args: argparse.Namespace) -> int:
     """Entry point of `taco bench codec`: print the tables, write --json; returns the exit code."""
     if args.frontier:
@@ -376,9 +373,7 @@ def run_codec(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("codec", argv)
+if __name__ == "__main__":  # `python -m taco.bench.codec ARGS` = `taco bench codec ARGS`
+    from taco.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "codec", *sys.argv[1:]]))

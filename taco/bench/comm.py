@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from . import bench_main, cli_entry
 from .codec import best_time
 from .ranks import comma_list as _csv
 from .ranks import gloo_rank, spawn_ranks
@@ -97,14 +96,14 @@ def _load_backend(backend: str) -> str:
 
 def codec_throughput(specs: list[str], numel: int = 1 << 22) -> dict[str, dict[str, float]]:
     """Elements/s of encode and decode per codec (best of 5, this process's threads), and of a copy."""
-    from taco.comm import make_codec
+    from taco.codec import build_codec
 
     x = torch.randn(numel).to(torch.bfloat16)
     out: dict[str, dict[str, float]] = {}
     t = best_time(lambda: x.clone(), 3, x.device)
     out["copy"] = {"encode": numel / t, "decode": numel / t}
     for spec in specs:
-        c = make_codec(spec)
+        c = build_codec(spec)
         if c is None:
             continue
         c.decode(c.encode(x[:4096]))
@@ -215,7 +214,6 @@ def _reexec_in_netns(args: argparse.Namespace, rate: float) -> int:
     return code
 
 
-@cli_entry("taco bench comm")
 def run_comm(args: argparse.Namespace) -> int:
     """Run the benchmark described by `args` (see `add_arguments`); print tables; 0 on success,
     2 (one line on stderr) for an unknown op or a capped link without root."""
@@ -252,9 +250,7 @@ def run_comm(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("comm", argv)
+if __name__ == "__main__":  # `python -m taco.bench.comm ARGS` = `taco bench comm ARGS`
+    from taco.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "comm", *sys.argv[1:]]))

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from types import FrameType
 
-from . import BenchError, cli_entry
+from . import BenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 """the checkout this taco is imported from (its configs/, and PYTHONPATH of re-executed children)"""
@@ -150,7 +150,6 @@ class NetNamespace:
         return any(line.split()[0] == self.name for line in r.stdout.splitlines() if line.strip())
 
 
-@cli_entry("taco.bench.netns")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m taco.bench.netns", description=__doc__.split("\n")[0])
     p.add_argument("--rate", type=float, required=True, help="lo rate in Mbit/s")
@@ -167,5 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(ns.command(cmd)).returncode
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # errors become one line and an exit code as for `taco` (taco.cli)
+    from taco.cli import run_command
+
+    sys.exit(run_command("taco.bench.netns", "bench", main))

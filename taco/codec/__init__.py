@@ -24,6 +24,7 @@ from .codecs import (
 )
 from .formats import FP8_FORMATS, fp8_format
 from .hadamard import GROUP_SIZES, hadamard_matrix
+from .specs import CodecSpec, build_codec, parse_spec
 
 __all__ = [
     "CODECS",
@@ -31,6 +32,7 @@ __all__ = [
     "GROUP_SIZES",
     "CalibrationChoice",
     "Codec",
+    "CodecSpec",
     "FP8GroupCodec",
     "FP8TensorCodec",
     "Int4HadamardCodec",
@@ -42,11 +44,13 @@ __all__ = [
     "Taco1sCodec",
     "TacoCodec",
     "accepted_options",
+    "build_codec",
     "calibrate",
     "codec_options",
     "fp8_format",
     "get_codec",
     "hadamard_matrix",
     "list_codecs",
+    "parse_spec",
     "sqnr_db",
 ]

@@ -38,7 +38,8 @@ class CalibrationChoice:
         """Keyword options for `taco.get_codec(choice.codec, **choice.options())`."""
         return {"group_size": self.group_size, "axis": self.axis}
 
-    def make_codec(self, **extra):
+    def instantiate(self, **extra):
+        """The chosen codec, built (`extra`: more keyword options)."""
         return get_codec(self.codec, **self.options(), **extra)
 
 

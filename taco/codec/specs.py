@@ -1,10 +1,18 @@
-"""Codec spec strings, as `Codec.spec` prints them ("int6-hadamard(group_size=64,signs=True)"), and
-lists of them: parsed where codecs are named by text (the CLI's --codecs, config codec fields,
-`taco.comm.make_codec`)."""
+"""From a codec's name to a Codec, one road: spec strings, as `Codec.spec` prints them
+("int6-hadamard(group_size=64,signs=True)"), parsed and built by `build_codec`, which every codec
+field of a run (TP, PP, DP weights and gradients, per-site overrides, calibration's choices, the
+guard's fallback) and the collectives' `codec=` arguments go through; and lists of specs (the CLI's
+--codecs)."""
 
 from __future__ import annotations
 
-from .codecs import accepted_options
+from typing import Any
+
+from .base import Codec
+from .codecs import NoneCodec, accepted_options, get_codec
+
+CodecSpec = str | Codec | None
+"""A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""
 
 
 def _parse_value(v: str) -> object:
@@ -51,3 +59,22 @@ def codec_config(spec: str, options: dict) -> tuple[str, dict]:
     and tp_codec_options: "int6-hadamard(signs=true)" -> ("int6-hadamard", {..., "signs": True}))."""
     name, opts = parse_spec(spec)
     return name, {**accepted_options(name, options), **opts}
+
+
+def build_codec(spec: CodecSpec, options: dict[str, Any] | None = None) -> Codec | None:
+    """The codec a spec names, with `options` on top of the spec's own; None for no compression
+    ("none", None or a NoneCodec). A Codec is returned as is.
+
+    Unknown names raise ValueError listing the choices (from `get_codec`).
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, Codec):
+        return None if isinstance(spec, NoneCodec) else spec
+    if not isinstance(spec, str):
+        raise TypeError(f"codec must be a name, a Codec or None, got {type(spec).__name__}")
+    name, parsed = parse_spec(spec)  # "taco(group_size=64,fmt=e4m3)", as Codec.spec prints
+    if name == "none":
+        return None
+    codec = get_codec(name, **{**parsed, **(options or {})})
+    return None if isinstance(codec, NoneCodec) else codec

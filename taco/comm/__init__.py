@@ -18,7 +18,7 @@ from .buffers import BufferCache, bucket_bytes
 from .collectives import DEFAULT_CODEC, all_gather, all_reduce, reduce_scatter, start_all_reduce
 from .handles import Handle
 from .p2p import irecv, isend, recv, send, send_recv
-from .policy import CommPolicy, make_codec
+from .policy import CommPolicy
 from .stats import CommStats, SiteStats
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "bucket_bytes",
     "irecv",
     "isend",
-    "make_codec",
     "recv",
     "reduce_scatter",
     "send",

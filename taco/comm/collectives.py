@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ..codec import Codec
+from ..codec import Codec, CodecSpec, build_codec
 from ..codec.base import FLOAT_DTYPES, check_axis
 from .buffers import BufferCache
 from .compressed import (
@@ -37,7 +37,7 @@ from .compressed import (
     reduce_scatter_steps,
 )
 from .handles import Handle, Steps
-from .policy import CodecSpec, CommPolicy, default_slices, make_codec, resolve_all_reduce_algo
+from .policy import CommPolicy, default_slices, resolve_all_reduce_algo
 from .stats import Clock
 
 log = logging.getLogger("taco.comm")
@@ -63,7 +63,7 @@ _LOGGED_WITHOUT_POLICY: set[tuple[str, str]] = set()
 
 @functools.lru_cache(maxsize=64)
 def _named_codec(spec: str) -> Codec | None:
-    return make_codec(spec)
+    return build_codec(spec)
 
 
 class _Call:
@@ -87,7 +87,7 @@ class _Call:
         if isinstance(codec, _PolicyOrTaco):
             self.codec = policy.codec_for(site, x.numel(), x.dtype) if policy else _named_codec("taco")
         else:
-            self.codec = _named_codec(codec) if isinstance(codec, str) else make_codec(codec)
+            self.codec = _named_codec(codec) if isinstance(codec, str) else build_codec(codec)
         if self.codec is not None and not x.is_floating_point():
             raise TypeError(
                 f"taco.comm.{op} (site {self.name!r}): codec {self.codec.spec!r} compresses float "

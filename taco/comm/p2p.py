@@ -36,9 +36,10 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from ..codec import CodecSpec
 from .collectives import DEFAULT_CODEC, Group, _bytes, _Call, _PolicyOrTaco
 from .handles import Handle, Steps
-from .policy import CodecSpec, CommPolicy
+from .policy import CommPolicy
 
 Transfer = tuple[str, torch.Tensor, int]
 """("send" | "recv", tensor, global peer rank)"""

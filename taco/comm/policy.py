@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from ..codec import Codec, NoneCodec, get_codec
-from ..codec.specs import parse_spec
+from ..codec import Codec, CodecSpec, build_codec
 from .buffers import BufferCache
 from .links import nvlink_class
 from .stats import CommStats
@@ -35,29 +34,6 @@ def resolve_all_reduce_algo(algo: str, world: int) -> str:
     if algo not in ALL_REDUCE_ALGOS:
         raise ValueError(f"all_reduce_algo (algo=) must be one of {ALL_REDUCE_ALGOS}, got {algo!r}")
     return ("gather" if world == 2 else "two_shot") if algo == "auto" else algo
-
-
-CodecSpec = str | Codec | None
-"""A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""
-
-
-def make_codec(spec: CodecSpec, options: dict[str, Any] | None = None) -> Codec | None:
-    """Build the codec a spec names; None for no compression ("none", None or a NoneCodec).
-
-    Unknown names raise ValueError listing the choices (from `taco.get_codec`).
-    """
-    if spec is None:
-        return None
-    if isinstance(spec, Codec):
-        return None if isinstance(spec, NoneCodec) else spec
-    if not isinstance(spec, str):
-        raise TypeError(f"codec must be a name, a Codec or None, got {type(spec).__name__}")
-    name, parsed = parse_spec(spec)  # "taco(group_size=64,fmt=e4m3)", as Codec.spec prints
-    opts = {**parsed, **(options or {})}
-    if name == "none":
-        return None
-    codec = get_codec(name, **opts)
-    return None if isinstance(codec, NoneCodec) else codec
 
 
 def default_slices(
@@ -143,8 +119,8 @@ class CommPolicy:
         self.stats.buffers = self.buffers
         self.recompute_stats.buffers = self.buffers
         # Build every codec now: a typo fails at construction, not at the first call of a site.
-        self._default = make_codec(self.codec, self.options)
-        self._overrides = [(glob, make_codec(spec)) for glob, spec in self.overrides.items()]
+        self._default = build_codec(self.codec, self.options)
+        self._overrides = [(glob, build_codec(spec)) for glob, spec in self.overrides.items()]
         self._logged: set[tuple[str, str]] = set()
         self._sites: dict[str, Codec | None] = {}
 
@@ -154,7 +130,7 @@ class CommPolicy:
         How calibration installs its per-site choice and the fidelity guard its fallback; the same
         call must be made on every rank of the site's group (the codec decides the wire format).
         """
-        self._sites[site] = make_codec(spec, options)
+        self._sites[site] = build_codec(spec, options)
 
     def site_codecs(self) -> dict[str, str]:
         """The exact-site codecs set with `set_site_codec` (site -> spec, "none" for plain)."""

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..codec import Codec
-from .policy import make_codec
+from ..codec import Codec, build_codec
 
 SQNR_CAP_DB = 200.0
 """SQNR reported for an exact round trip (and the floor of one that is all noise, negated)."""
@@ -156,7 +155,7 @@ class FidelityGuard:
     def __post_init__(self) -> None:
         if self.patience < 1:
             raise ValueError(f"patience must be >= 1, got {self.patience}")
-        codec = make_codec(self.fallback)  # unknown names fail here, at construction
+        codec = build_codec(self.fallback)  # unknown names fail here, at construction
         self._fallback_spec = codec.spec if codec is not None else "none"
 
     def decide(self, merged: dict[str, Reading], specs: dict[str, str]) -> list[tuple[str, str, str]]:

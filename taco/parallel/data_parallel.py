@@ -32,8 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from taco import comm
-from taco.codec import Codec
-from taco.comm.policy import CodecSpec
+from taco.codec import Codec, CodecSpec, build_codec
 
 from .tags import dp_hook_state, set_dp_hook_state
 
@@ -189,7 +188,7 @@ def wrap_data_parallel(
         _WithPlaceholder(module), process_group=group, bucket_cap_mb=bucket_cap_mb,
         find_unused_parameters=True,
     )  # fmt: skip
-    c = comm.make_codec(codec, codec_options)
+    c = build_codec(codec, codec_options)
     if c is not None:
         copy = copy_group(group) if overlap else None
         state = DPHookState(group, c, policy, overlap=overlap, async_group=copy)

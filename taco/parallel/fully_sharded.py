@@ -50,8 +50,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 from torch.distributed.tensor import DTensor
 
 from taco import comm
-from taco.codec import Codec
-from taco.comm.policy import CodecSpec
+from taco.codec import Codec, CodecSpec, build_codec
 
 from .dims import ParallelDims
 
@@ -196,8 +195,8 @@ def fully_shard_stage(
     units = [b for b in blocks if any(True for _ in b.parameters())] + [stage]
     for u in units:  # reshard_after_forward=False: one gather per step (see set_gradient_sync)
         fully_shard(u, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
-    wc, gc = comm.make_codec(weight_codec), comm.make_codec(grad_codec)
-    ic = comm.make_codec(grad_intra_codec) if grad_intra_codec not in (None, "") else gc
+    wc, gc = build_codec(weight_codec), build_codec(grad_codec)
+    ic = build_codec(grad_intra_codec) if grad_intra_codec not in (None, "") else gc
     for u in units:
         u.set_custom_all_gather(DiffAllGather(wc, policy))
         u.set_custom_reduce_scatter(CodecReduceScatter(gc, policy, intra_codec=ic, node_groups=node_groups))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from taco.codec import build_codec
 from taco.comm import CommPolicy
 from taco.parallel.dims import ParallelDims
 from taco.train.config import Config
@@ -84,33 +85,24 @@ def tp_comm_dtype(cfg: Config) -> torch.dtype | None:
     return {"input": None, "fp32": torch.float32, "bf16": torch.bfloat16}[name]
 
 
-def build_policy(cfg: Config) -> CommPolicy:
-    """The TP communication policy of `[compression]` (codec "none" keeps plain collectives + stats;
-    its options, e.g. a config file's group_size kept for a baseline run, are then ignored)."""
-    import taco
-
+def build_policy(cfg: Config, axis: str = "tp") -> CommPolicy:
+    """The communication policy of one axis ("tp", "pp" or "dp") from `[compression]`: the codec of
+    `{axis}_codec` with `{axis}_codec_options` (`taco.codec.build_codec`; "none" keeps plain
+    collectives and their statistics, its options, e.g. a config file's group_size kept for a
+    baseline run, then ignored). TP compresses only the sites matching `tp_sites` (the first
+    matching glob wins) and uses `tp_all_reduce`."""
+    if axis not in AXES:
+        raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
     c = cfg.compression
-    codec = None if c.tp_codec == "none" else taco.get_codec(c.tp_codec, **c.tp_codec_options)
-    # Only sites matching compression.tp_sites are compressed; the first matching glob wins.
-    overrides: dict = {} if "*" in c.tp_sites else {**{g: codec for g in c.tp_sites}, "*": None}
+    codec = build_codec(getattr(c, f"{axis}_codec"), getattr(c, f"{axis}_codec_options"))
+    overrides: dict = {}
+    if axis == "tp" and "*" not in c.tp_sites:
+        overrides = {**{g: codec for g in c.tp_sites}, "*": None}
     return CommPolicy(
         codec=codec, overrides=overrides, min_bytes=c.min_bytes, slices=c.slices,
-        min_slice_bytes=c.min_slice_bytes, all_reduce_algo=c.tp_all_reduce, check_sizes=False,
-    )  # fmt: skip
-
-
-def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
-    """The PP or DP policy of `[compression]`: `{axis}_codec` with its options, for every site."""
-    c = cfg.compression
-    name = getattr(c, f"{axis}_codec")
-    return CommPolicy(
-        codec=name,
-        options=getattr(c, f"{axis}_codec_options") if name != "none" else {},
-        min_bytes=c.min_bytes,
-        slices=c.slices,
-        min_slice_bytes=c.min_slice_bytes,
+        min_slice_bytes=c.min_slice_bytes, all_reduce_algo=c.tp_all_reduce if axis == "tp" else "auto",
         check_sizes=False,
-    )
+    )  # fmt: skip
 
 
 def sent_bytes(policy: CommPolicy, recompute: bool = False) -> tuple[int, int]:

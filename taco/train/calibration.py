@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from taco.codec import GROUP_SIZES, Codec
+from taco.codec import GROUP_SIZES, Codec, build_codec
 from taco.codec.calibrate import calibrate
-from taco.comm.policy import make_codec
 from taco.train.config import Config
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ def candidate_codecs(cfg: Config) -> list[Codec]:
     out = []
     for spec, opts in specs:
         try:
-            codec = make_codec(spec, opts)
+            codec = build_codec(spec, opts)
         except (TypeError, ValueError) as e:
             raise ValueError(f"compression.calibrate_candidates: {spec!r} {opts or ''}: {e}") from e
         if codec is None:
@@ -138,7 +137,7 @@ def decide(
                 f"calibration of TP site {site!r}: {e}. Lower compression.min_sqnr_db, raise "
                 "compression.max_bytes_per_elem (0 = no budget) or add compression.calibrate_candidates"
             ) from e
-        base = calibrate(xs, [make_codec(defaults[site])])
+        base = calibrate(xs, [build_codec(defaults[site])])
         sites[site] = {
             "codec": ch.spec,
             "sqnr_db": _num(ch.sqnr_db),
@@ -207,7 +206,7 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{p}: not a calibration.json of version {VERSION} (a 'sites' table of codecs)")
     for site, e in doc["sites"].items():
         try:
-            make_codec(e["codec"])
+            build_codec(e["codec"])
         except (TypeError, ValueError) as err:
             raise ValueError(f"{p}: site {site!r}: codec {e['codec']!r}: {err}") from None
     return doc

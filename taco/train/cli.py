@@ -1,19 +1,20 @@
 """`taco train`, `taco calibrate`, `taco compare`, `taco data`, `taco export`, `taco config` arguments.
 
 Why this file exists: the subcommands that `taco.cli` registers for training live here, so that the
-library modules below (config, data, launch, export) never parse arguments, print usage or pick an
-exit code. train, calibrate and compare take a config file + `--section.key=value`; data prepares a data set;
-export writes a run as a Hugging Face checkpoint; config show lists every key.
+library modules below (config, data, launch, export) never parse arguments or print usage, and no
+handler picks an exit code for an error (`taco.cli.exit_code` does). train, calibrate and compare
+take a config file + `--section.key=value`; data prepares a data set; export writes a run as a
+Hugging Face checkpoint; config show lists every key.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 from taco.train.config import DataConfig, DatasetKind, default_cache_dir
+from taco.train.errors import UsageError
 
 CONFIG_KEYS_HINT = (
     "Every key (section, type, default, doc): `taco config show`; the values a config file and "
@@ -22,11 +23,11 @@ CONFIG_KEYS_HINT = (
 
 
 def _load(args: argparse.Namespace):
-    import taco
+    from taco.codec import list_codecs
     from taco.train.config import check_codecs, load_config
 
     cfg = load_config(args.config, args.overrides)
-    check_codecs(cfg, taco.list_codecs())
+    check_codecs(cfg, list_codecs())
     return cfg
 
 
@@ -45,11 +46,7 @@ def add_train_subparser(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from taco.train.launch import launch
 
-    try:
-        launch(_load(args))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"taco train: {e}", file=sys.stderr)
-        return 2
+    launch(_load(args))
     return 0
 
 
@@ -72,17 +69,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from taco.train.calibration import CALIBRATION_FILE
     from taco.train.launch import launch
 
-    try:
-        args.overrides = [*args.overrides, "--compression.calibrate=true"]
-        cfg = _load(args)
-        if cfg.compression.calibration:
-            raise ValueError("compression.calibration applies a calibration; calibrate samples a new one")
-        args.overrides.append(f"--train.steps={cfg.compression.calibrate_steps}")
-        cfg = _load(args)
-        launch(cfg)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"taco calibrate: {e}", file=sys.stderr)
-        return 2
+    args.overrides = [*args.overrides, "--compression.calibrate=true"]
+    cfg = _load(args)
+    if cfg.compression.calibration:
+        raise UsageError("compression.calibration applies a calibration; calibrate samples a new one")
+    args.overrides.append(f"--train.steps={cfg.compression.calibrate_steps}")
+    cfg = _load(args)
+    launch(cfg)
     path = Path(cfg.train.out_dir) / CALIBRATION_FILE
     print(f"[taco calibrate] wrote {path}; apply it with --compression.calibration={path}", flush=True)
     return 0
@@ -120,22 +113,17 @@ def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from taco.codec import build_codec
+    from taco.codec.specs import split_specs
     from taco.train.compare import compare
 
-    try:
-        cfg = _load(args)
-        import taco
-        from taco.codec.specs import split_specs
-
-        codecs = split_specs(args.codecs)
-        for c in codecs:
-            taco.comm.make_codec(c)
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or None
-        if args.grad_points < 1:
-            raise ValueError(f"--grad-points must be >= 1 (got {args.grad_points})")
-    except (ValueError, FileNotFoundError) as e:
-        print(f"taco compare: {e}", file=sys.stderr)
-        return 2
+    cfg = _load(args)
+    codecs = split_specs(args.codecs)
+    for c in codecs:
+        build_codec(c)  # unknown names fail here, before any run
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or None
+    if args.grad_points < 1:
+        raise UsageError(f"--grad-points must be >= 1 (got {args.grad_points})")
     out = Path(args.out)
     if args.grad_fidelity:
         from taco.train.grad_fidelity import grad_fidelity
@@ -200,28 +188,22 @@ def run_data(args: argparse.Namespace) -> int:
     from taco.train.data import load_meta, resolve_data_dir
 
     if (args.dataset is None) == (args.text is None):
-        print("error: give either `shakespeare` or `--text PATH` (one of them)", file=sys.stderr)
-        return 2
+        raise UsageError("give either `shakespeare` or `--text PATH` (one of them)")
     if args.tokenizer and args.vocab_size is not None:
-        print("error: --vocab-size sizes a trained BPE; --tokenizer has its own vocabulary", file=sys.stderr)
-        return 2
+        raise UsageError("--vocab-size sizes a trained BPE; --tokenizer has its own vocabulary")
     vocab_size = DataConfig.vocab_size if args.vocab_size is None else args.vocab_size
     t0 = time.perf_counter()
-    try:
-        kind = DatasetKind.TEXT if args.text else DatasetKind.SHAKESPEARE
-        cfg = DataConfig(
-            dataset=kind,
-            path=args.text or "",
-            cache_dir=args.cache_dir or default_cache_dir(),
-            vocab_size=vocab_size,
-            val_fraction=args.val_fraction,
-            tokenizer=args.tokenizer or "",
-        )
-        data_dir = resolve_data_dir(cfg, prepare=True)
-        meta = load_meta(data_dir)
-    except (RuntimeError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    kind = DatasetKind.TEXT if args.text else DatasetKind.SHAKESPEARE
+    cfg = DataConfig(
+        dataset=kind,
+        path=args.text or "",
+        cache_dir=args.cache_dir or default_cache_dir(),
+        vocab_size=vocab_size,
+        val_fraction=args.val_fraction,
+        tokenizer=args.tokenizer or "",
+    )
+    data_dir = resolve_data_dir(cfg, prepare=True)  # a failure here exits 1 (`taco.cli.exit_code`)
+    meta = load_meta(data_dir)
     print(f"data set ready in {data_dir} ({time.perf_counter() - t0:.1f} s)")
     print(
         f"  wrote train.bin {meta['train_tokens']:,} tokens, val.bin {meta['val_tokens']:,} tokens, "
@@ -261,11 +243,7 @@ def run_export(args: argparse.Namespace) -> int:
     from taco.train.export import export_run
 
     out = args.out or str(Path(args.run) / "hf")
-    try:
-        res = export_run(args.run, out, args.step)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"taco export: {exc}", file=sys.stderr)
-        return 2
+    res = export_run(args.run, out, args.step)
     stripped = f", {res['stripped']} padding rows stripped" if res["stripped"] else ""
     print(f"exported step {res['step']} of {args.run} to {res['out']}: {', '.join(res['files'])}")
     print(f"  vocab {res['vocab_size']}{stripped}; load it with transformers' from_pretrained({str(out)!r})")
@@ -305,10 +283,6 @@ def run_config(args: argparse.Namespace) -> int:
     if args.config is None and not args.overrides:
         print(config_help())
         return 0
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"taco config: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
     print(config_to_toml(cfg), end="")
     return 0

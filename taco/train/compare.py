@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taco.codec.specs import codec_config
 from taco.train.config import Config
 
 
@@ -41,11 +40,7 @@ def compare(
         for name in [baseline, *[c for c in codecs if c != baseline]]:
             c = copy.deepcopy(cfg)
             c.train.seed = seed
-            # keep the options this codec accepts (group_size for group codecs, fmt for FP8 ones, ...),
-            # with those of a spec string ("int6-hadamard(signs=true)") on top
-            c.compression.tp_codec, c.compression.tp_codec_options = codec_config(
-                name, cfg.compression.tp_codec_options
-            )
+            c.compression.set_tp_codec(name)
             key = f"{name}/seed{seed}" if multi else name
             c.train.out_dir = str(out / key)
             c.train.name = name

@@ -9,6 +9,11 @@ from __future__ import annotations
 import signal
 
 
+class UsageError(ValueError):
+    """The command cannot run as asked (arguments that do not go together, a value out of range):
+    the message names the fix; `taco` prints it as one line and exits 2."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint that must not be resumed (missing, empty, corrupt or another rank's file, a
     different mesh): the message names the file. A ValueError, so `taco train` exits 2 with one line."""

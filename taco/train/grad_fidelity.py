@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from taco.codec.specs import codec_config
 from taco.parallel import fully_sharded
 from taco.parallel.tags import tp_context
 from taco.train.build import build_policy
@@ -49,9 +48,7 @@ def fidelity_steps(steps: int, points: int) -> list[int]:
 def _tp_policy(cfg: Config, codec: str):
     """The TP policy of `cfg` with `codec` at its sites (options it accepts kept from the config)."""
     c = copy.deepcopy(cfg)
-    c.compression.tp_codec, c.compression.tp_codec_options = codec_config(
-        codec, cfg.compression.tp_codec_options
-    )  # a spec string's options on top of those of the config it accepts
+    c.compression.set_tp_codec(codec)
     return build_policy(c)
 
 

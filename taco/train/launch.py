@@ -122,18 +122,18 @@ def check_codec_settings(cfg: Config) -> None:
     """Build every codec of `[compression]` with its options once, so that a bad option (e.g.
     `tp_codec_options.group_size = 100`, or an option the codec does not take) is one ValueError
     naming the field before any rank starts, not an error inside every rank."""
-    from taco.comm import make_codec
-    from taco.train.build import build_axis_policy, build_policy
+    from taco.codec import build_codec
+    from taco.train.build import build_policy
 
     c = cfg.compression
     checks = {
         "compression.tp_codec / tp_codec_options": lambda: build_policy(cfg),
-        "compression.pp_codec / pp_codec_options": lambda: build_axis_policy(cfg, "pp"),
-        "compression.dp_codec / dp_codec_options": lambda: build_axis_policy(cfg, "dp"),
-        "compression.guard_fallback": lambda: make_codec(c.guard_fallback),
+        "compression.pp_codec / pp_codec_options": lambda: build_policy(cfg, "pp"),
+        "compression.dp_codec / dp_codec_options": lambda: build_policy(cfg, "dp"),
+        "compression.guard_fallback": lambda: build_codec(c.guard_fallback),
     }
     for name in ("dp_weight_codec", "dp_grad_codec", "dp_grad_intra_codec"):
-        checks[f"compression.{name}"] = lambda name=name: make_codec(getattr(c, name) or None)
+        checks[f"compression.{name}"] = lambda name=name: build_codec(getattr(c, name) or None)
     for where, build in checks.items():
         try:
             build()

@@ -99,9 +99,9 @@ def hardware(gpu: str, link: str, pp_link: str = "", dp_link: str = "", **over: 
 def codec_cost(name: str, elem: int, gpu: Gpu) -> tuple[Any, CodecCost | None]:
     """(the codec, its cost on `gpu`): bytes per element from the codec itself; encode and decode
     memory-bound, each streaming input and wire bytes at CODEC_HBM_FRACTION of HBM bandwidth."""
-    from taco.comm.policy import make_codec
+    from taco.codec import build_codec
 
-    codec = make_codec(name)
+    codec = build_codec(name)
     if codec is None:
         return None, None
     import torch

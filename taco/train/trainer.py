@@ -48,7 +48,6 @@ from taco.train import stopping
 from taco.train.autopolicy import AutoPolicy
 from taco.train.build import (
     AXES,
-    build_axis_policy,
     build_model,
     build_policy,
     build_stage_optimizer,
@@ -121,8 +120,8 @@ class Trainer:
             self.step_hooks.append(self.fidelity)
         self.policies = {
             "tp": self.policy,
-            "pp": build_axis_policy(cfg, "pp"),
-            "dp": build_axis_policy(cfg, "dp"),
+            "pp": build_policy(cfg, "pp"),
+            "dp": build_policy(cfg, "dp"),
         }
         full, m = build_model(cfg, vocab), cfg.model
         self.flops_per_token = flops_per_token(full, m.n_layer, m.n_head * m.head_size, m.seq_len)  # MFU

@@ -18,19 +18,19 @@ from taco.bench.cluster_analysis import Sweep, analyse
 from taco.bench.cluster_records import LinkResult, RunRecord, pool_runs
 from taco.bench.cluster_report import format_markdown, format_report
 from taco.train.config import load_config
-from tests.helpers.bench import CALIB_50, CALIB_UNCAPPED, NUMEL, rec
+from tests.helpers.bench import CALIB_50, CALIB_UNCAPPED, NUMEL, rec, run_bench
 
 
 def test_without_root_it_says_so_and_exits_nonzero(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/sbin/{name}")
-    assert cluster.main(["--rates", "50"]) == 2
+    assert run_bench("cluster", ["--rates", "50"]) == 2
     err = capsys.readouterr().err
     assert "needs root" in err and "CAP_NET_ADMIN" in err
 
 
 def test_unknown_extra_arguments_are_rejected(capsys):
-    assert cluster.main(["--rates", "50", "stray"]) == 2
+    assert run_bench("cluster", ["--rates", "50", "stray"]) == 2
     assert "unrecognized arguments: stray" in capsys.readouterr().err
 
 
@@ -97,7 +97,7 @@ SAVED = Path(__file__).resolve().parents[2] / "docs" / "cluster_sweep.json"
 
 def test_saved_sweep_reanalyses_to_the_documented_table(tmp_path, capsys):
     out = tmp_path / "sweep.md"
-    assert cluster.main(["--from-json", str(SAVED), "--markdown", str(out)]) == 0
+    assert run_bench("cluster", ["--from-json", str(SAVED), "--markdown", str(out)]) == 0
     documented = [line for line in SAVED.with_suffix(".md").read_text().splitlines() if line.startswith("|")]
     assert out.read_text().splitlines() == documented
     assert "comm bf16" in capsys.readouterr().out
@@ -141,7 +141,7 @@ def test_saved_sweep_against_the_issue_7_criteria():
 
 
 def test_options_the_emulation_does_not_take_are_one_line_and_status_2(tmp_path, capsys):
-    assert cluster.main(["--rates", "", "--uncapped", "none", "--set", "parallel.dp=2"]) == 2
+    assert run_bench("cluster", ["--rates", "", "--uncapped", "none", "--set", "parallel.dp=2"]) == 2
     err = capsys.readouterr().err
     assert err == "taco bench cluster: the emulation runs TP only (sp=false, pp=dp=1)\n"
     cfg = load_config(None, ["--train.batch_size=2"])
@@ -238,7 +238,7 @@ def test_tiny_real_run_in_a_capped_namespace(tmp_path):
     argv = ["--rates", "400", "--comm", "bf16", "--warmup", "1", "--json", str(out),
             "--set", "train.steps=3", "--set", "model.n_layer=1", "--set", "model.hidden=64",
             "--set", "train.batch_size=2", "--set", "train.eval_steps=1"]  # fmt: skip
-    assert cluster.main(argv) == 0
+    assert run_bench("cluster", argv) == 0
     res = json.loads(out.read_text())
     rows = {(r["rate_mbit"], r["codec"]): r for r in res["rows"]}
     assert set(rows) == {(None, "none"), (None, "taco"), (400.0, "none"), (400.0, "taco")}

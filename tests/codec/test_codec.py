@@ -238,7 +238,7 @@ def test_calibrate_picks_axis_from_measured_error():
     cands = [{"codec": "int8-group", "group_size": 128, "axis": a} for a in (-1, 0)]
     choice = taco.codec.calibrate([x, x * 2], cands)
     assert choice.axis == 0 and len(choice.table) == 2
-    codec = choice.make_codec()
+    codec = choice.instantiate()
     assert sqnr_db(x, codec.roundtrip(x)) == pytest.approx(choice.sqnr_db, abs=0.01)
     with pytest.raises(ValueError, match="no candidate"):
         taco.codec.calibrate([x], cands, min_sqnr_db=200)

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import taco
-from taco.codec import sqnr_db
+from taco.codec import build_codec, sqnr_db
 from taco.codec.formats import unpack_bits
-from taco.comm.policy import make_codec
 
 WIDTHS = range(8, 1, -1)
 MSE = [
@@ -24,7 +23,7 @@ MSE = [
 
 
 def build(spec: str) -> taco.Codec:
-    return make_codec(spec)
+    return build_codec(spec)
 
 
 @pytest.mark.parametrize("bits", WIDTHS)
@@ -35,7 +34,7 @@ def test_defaults_keep_each_width_bytes_and_spell_out_their_spec(bits):
     n = 1 << 16
     assert c.nbytes(n) == n * bits // 8 + n // 32  # B/8 + 1/32, the bytes of G = 128 with fp32 scales
     assert c.nbytes(n) == taco.get_codec(f"int{bits}-hadamard", group_size=128, scale_fmt="fp32").nbytes(n)
-    assert make_codec(c.spec).spec == c.spec and "group_size=64,signs=auto,scale_fmt=bf16" in c.spec
+    assert build_codec(c.spec).spec == c.spec and "group_size=64,signs=auto,scale_fmt=bf16" in c.spec
     assert taco.get_codec(f"int{bits}-hadamard", scale_fmt="e8m0").signs is False  # no sign bit: plain
     with pytest.raises(ValueError, match="scale_search"):
         taco.get_codec(f"int{bits}-hadamard", scale_search="best")
@@ -45,9 +44,9 @@ def test_named_codec_at_nvfp4_bytes():
     c = taco.get_codec("int4-hadamard-g32")
     assert c.nbytes(1 << 20) == taco.get_codec("nvfp4").nbytes(1 << 20) - 4 == (1 << 20) * 9 // 16
     want = "int4-hadamard-g32(group_size=32,signs=auto,scale_fmt=bf16,scale_search=mse)"
-    assert make_codec(c.spec).spec == c.spec == want
-    absmax = make_codec("int4-hadamard(scale_search=absmax)")
-    assert "scale_search=absmax" in absmax.spec and make_codec(absmax.spec).scale_search == "absmax"
+    assert build_codec(c.spec).spec == c.spec == want
+    absmax = build_codec("int4-hadamard(scale_search=absmax)")
+    assert "scale_search=absmax" in absmax.spec and build_codec(absmax.spec).scale_search == "absmax"
 
 
 @pytest.mark.parametrize("spec", MSE)
@@ -55,7 +54,7 @@ def test_least_squares_scale_beats_absmax_and_never_loses_a_group(spec):
     """Per group the search keeps absmax's candidate unless one errs less: no group is worse (up to
     fp32 rounding of the error sums), and the tensor gains."""
     c = build(spec)
-    ref = make_codec(c.spec.replace("scale_search=mse", "scale_search=absmax"))
+    ref = build_codec(c.spec.replace("scale_search=mse", "scale_search=absmax"))
     x = torch.randn(256, c.group_size)
     y, y0 = c.roundtrip(x), ref.roundtrip(x)
     e, e0 = (y - x).square().sum(1), (y0 - x).square().sum(1)
@@ -75,7 +74,7 @@ def test_search_codes_use_the_bottom_code_and_decode_with_the_absmax_decoder(spe
         assert q.min() == -qmax - 1
     # the scale's sign carries the rotation choice, as for signs="auto" with absmax scales
     absmax = c.spec.replace("scale_search=mse", "scale_search=absmax").replace(")", ",backend=eager)")
-    eager = make_codec(absmax)
+    eager = build_codec(absmax)
     assert torch.equal(eager.decode(eager.wrap(p.data, x.shape, x.dtype)), c.decode(p))
 
 
@@ -132,7 +131,7 @@ def _collectives_body(rank: int, world: int) -> None:
 
     xs = [torch.randn(8, 256, generator=torch.Generator().manual_seed(r)) * (r + 1) for r in range(world)]
     for spec in ("int4-hadamard", "int4-hadamard-g32", "int6-hadamard"):
-        c = make_codec(spec)
+        c = build_codec(spec)
         rt = c.roundtrip
         assert_equal(tc.all_gather(xs[rank], codec=c), torch.cat([rt(v) for v in xs]), f"{spec} all_gather")
         want = sum(rt(v.reshape(-1)) for v in xs).view(8, 256)

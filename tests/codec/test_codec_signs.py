@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import taco
+from taco.codec import build_codec
 from taco.codec.codecs import accepted_options
 from taco.codec.formats import unpack_bits
 from taco.codec.hadamard import hadamard_matrix, sign_flips, signed_hadamard
-from taco.comm.policy import make_codec
 from taco.kernels import native
 from tests.helpers.kernels import assert_dsum_identical, triton_or_skip
 
@@ -58,9 +58,9 @@ def test_spec_round_trips_and_options():
     c = signed(6, scale_fmt="e8m0")
     assert c.spec == "int6-hadamard(group_size=128,signs=True,scale_fmt=e8m0)"
     for s in (c.spec, "int6-hadamard(signs=true)", "int6-hadamard(group_size=64,signs=True)"):
-        m = make_codec(s)
-        assert m.signs and m.spec == make_codec(m.spec).spec
-    assert make_codec("int6-hadamard", {"signs": True}).signs
+        m = build_codec(s)
+        assert m.signs and m.spec == build_codec(m.spec).spec
+    assert build_codec("int6-hadamard", {"signs": True}).signs
     assert not taco.get_codec("int6-hadamard").signs
     assert taco.get_codec("int6-hadamard").spec == "int6-hadamard(group_size=128,signs=False,scale_fmt=fp32)"
     for b in WIDTHS:

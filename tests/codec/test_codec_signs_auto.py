@@ -15,8 +15,7 @@ import pytest
 import torch
 
 import taco
-from taco.codec import sqnr_db
-from taco.comm.policy import make_codec
+from taco.codec import build_codec, sqnr_db
 from taco.kernels import native
 from tests.helpers.kernels import G, structured, triton_or_skip
 
@@ -67,9 +66,9 @@ def test_bytes_spec_and_options():
         assert codec("auto", sfmt=sfmt).nbytes(12345) == codec(False, sfmt=sfmt).nbytes(12345)
     c = codec("auto")
     assert c.signs == "auto" and c.spec == "int6-hadamard(group_size=64,signs=auto,scale_fmt=bf16)"
-    m = make_codec(c.spec)
+    m = build_codec(c.spec)
     assert m.signs == "auto" and m.spec == c.spec
-    assert make_codec("int5-hadamard(signs=AUTO)").signs == "auto"
+    assert build_codec("int5-hadamard(signs=AUTO)").signs == "auto"
     with pytest.raises(ValueError, match="sign bit"):
         codec("auto", sfmt="e8m0")
     with pytest.raises(TypeError):

@@ -30,7 +30,7 @@ G = 128
 SUB = 2.0**-149  # fp32's subnormal step
 
 
-def make_codec(name: str, backend: str):
+def backend_codec(name: str, backend: str):
     """The codec on `backend`, skipping the test where that backend cannot run here."""
     if missing(backend):
         pytest.skip(missing(backend))
@@ -81,7 +81,7 @@ def test_tiny_and_subnormal_groups_decode_finite(name, backend):
     zero element). All codecs but the clamped `taco` preset also keep their normal accuracy:
     a tiny group's error is within 1.5x the codec's worst relative error on the same groups at
     normal magnitudes (x 2^100 x 1..1.9), plus fp32's own resolution there, 2 sqrt(G) 2^-149."""
-    c = make_codec(name, backend)
+    c = backend_codec(name, backend)
     rotates = getattr(c, "rotate", False)
     rel = 0.0  # the codec's normal bound on these group shapes
     for v in TINY:
@@ -141,7 +141,7 @@ def test_tiny_scales_never_saturate(backend):
     """A subnormal scale rounds up: the group's largest value keeps its code within FMAX/qmax,
     where rounding to nearest gave e.g. 650 * 2^-149 a scale of 2^-149 and a saturated code (-31%)."""
     for name in ("fp8-group", "int8-group"):
-        c = make_codec(name, backend)
+        c = backend_codec(name, backend)
         qmax = 448 if name == "fp8-group" else 127
         for units in range(qmax // 2, 8 * qmax, 7):  # absmax of units * 2^-149
             x = torch.zeros(G)
@@ -158,7 +158,7 @@ def test_tiny_scales_are_the_reference_bit_for_bit(name, backend):
     """The fused kernels compute the subnormal scale rule exactly as the reference does (no
     summation in the unrotated codecs: every byte equal; rotated: equal where the reference's own
     rotation of these one- and two-value groups is exact)."""
-    c = make_codec(name, backend)
+    c = backend_codec(name, backend)
     units = torch.cat([torch.arange(1, 1200), torch.logspace(3.1, 7.5, 300).round()]).float()
     x = torch.zeros(len(units), G)
     x[:, 5] = units * SUB
@@ -274,7 +274,7 @@ def test_group_code_does_not_depend_on_its_neighbours(name, backend):
     """Group k (0..20) of a tensor of n groups (1..40, whole or ragged) encodes to the bytes of
     that group encoded alone and decodes to the same values (native: whether or not it falls
     in a 16-group SIMD batch; Triton: wherever it sits in a tile)."""
-    c = make_codec(name, backend)
+    c = backend_codec(name, backend)
     pool = _pool(40)
     alone = [wire_bytes(c, pool[k]) for k in range(21)]
     alone_y = [c.decode(c.encode(pool[k])) for k in range(21)]
@@ -299,7 +299,7 @@ def test_codes_do_not_depend_on_the_thread_count(name, backend, monkeypatch):
     """1, 2 and 3 threads give the same bytes and values (native: 1100 groups split into thread
     ranges that do not start on a 16-group batch)."""
     monkeypatch.delenv("TACO_CPU_THREADS", raising=False)
-    c = make_codec(name, backend)
+    c = backend_codec(name, backend)
     x = _pool(1100 if backend != "triton" else 100, seed=1).reshape(-1)[:-37]
     before = torch.get_num_threads()
     try:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import taco
 import taco.comm as tc
-from taco.codec import sqnr_db
+from taco.codec import build_codec, sqnr_db
 from taco.comm.compressed import aligned
 from tests.helpers.dist import assert_equal, run_distributed
 
@@ -343,12 +343,12 @@ def test_policy_codec_for_without_distributed():
     assert p.codec_for("x", 49, torch.bfloat16) is None and p.codec_for("x", 50, torch.bfloat16) is not None
     assert p.codec_for(None, 10**6, torch.float32) is not None
     want = "int8-hadamard(group_size=32,signs=auto,scale_fmt=bf16)"  # every option spelled out
-    assert tc.make_codec("int8-hadamard(group_size=32)").spec == want
+    assert build_codec("int8-hadamard(group_size=32)").spec == want
     d = tc.CommPolicy()
     assert d.slices == 4 and d.slices_for(100) == 1
     assert d.slices_for(3 << 20) == 3 and d.slices_for(1 << 30) == 4
     assert tc.CommPolicy(slices=2, min_slice_bytes=10).slices_for(100) == 2
-    assert tc.make_codec("none") is None and tc.make_codec(taco.get_codec("none")) is None
+    assert build_codec("none") is None and build_codec(taco.get_codec("none")) is None
     # the default `codec` is a sentinel, not a name: an explicit "taco" is never mistaken for it
     assert not isinstance(tc.DEFAULT_CODEC, str) and tc.DEFAULT_CODEC != "taco"
     assert inspect.signature(tc.all_reduce).parameters["codec"].default is tc.DEFAULT_CODEC
@@ -484,11 +484,11 @@ def test_group_of_one_subgroups_and_send_recv():
 
 # -- the benchmark and the capped network namespace ---------------------------------------------------
 def _bench(argv: list[str], path) -> list[dict]:
-    from taco.bench.comm import main
+    from tests.helpers.bench import run_bench
 
     threads = torch.get_num_threads()
     try:
-        assert main([*argv, "--repeats", "1", "--json", str(path)]) == 0
+        assert run_bench("comm", [*argv, "--repeats", "1", "--json", str(path)]) == 0
     finally:
         torch.set_num_threads(threads)
     return json.loads(path.read_text())

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 
-from taco.bench import codec as bench
+from taco.cli import main
+
+
+def run_bench(name: str, argv: list[str]) -> int:
+    """`taco bench NAME ARGV` (= `python -m taco.bench.NAME ARGV`): its exit status."""
+    return main(["bench", name, *argv])
 
 
 def run_json(tmp_path, *extra: str) -> dict:
     path = tmp_path / "out.json"
-    assert bench.main([*TINY, *extra, "--json", str(path)]) == 0
+    assert run_bench("codec", [*TINY, *extra, "--json", str(path)]) == 0
     return json.loads(path.read_text())
 
 

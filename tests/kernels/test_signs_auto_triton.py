@@ -111,8 +111,8 @@ def test_spec_signs_mode():
 def test_gpu_check_times_the_auto_codec_after_int6_hadamard():
     triton_or_skip()
     from benchmarks.gpu_common import EXTRA_SPECS, triton_codecs
-    from taco.comm.policy import make_codec
+    from taco.codec import build_codec
 
     specs = [c.spec for c in triton_codecs(torch.device("cpu"))]
-    default, former = taco.get_codec("int6-hadamard").spec, make_codec(EXTRA_SPECS[0]).spec
+    default, former = taco.get_codec("int6-hadamard").spec, build_codec(EXTRA_SPECS[0]).spec
     assert specs[specs.index(default) + 1] == former, specs

@@ -97,10 +97,10 @@ def test_bad_meshes_stop_at_start_up_with_one_clear_message(corpus, tmp_path, ca
 
 
 def test_codec_none_ignores_options_left_in_the_config():
-    from taco.train.build import build_axis_policy, build_policy
+    from taco.train.build import build_policy
     from taco.train.config import load_config
 
     opts = [f"--compression.{a}_codec_options.group_size=64" for a in ("tp", "pp", "dp")]
     cfg = load_config(None, ["--compression.tp_codec=none", *opts])  # e.g. a baseline of demo.toml
     assert build_policy(cfg).codec_for("x", 1 << 20, torch.float32) is None
-    assert build_axis_policy(cfg, "pp").codec_for("pp.act", 1 << 20, torch.float32) is None
+    assert build_policy(cfg, "pp").codec_for("pp.act", 1 << 20, torch.float32) is None

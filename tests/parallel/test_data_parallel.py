@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from taco.comm import make_codec
+from taco.codec import build_codec
 from taco.parallel import wrap_data_parallel
 from taco.parallel.data_parallel import DPHookState, compressed_allreduce_hook, copy_group
 from tests.helpers.dist import assert_equal, run_distributed
@@ -56,7 +56,7 @@ def _ddp(codec: str | None, overlap: bool) -> tuple[nn.Module, DPHookState]:
     group = dist.group.WORLD
     ddp = DistributedDataParallel(_mlp(), process_group=group, bucket_cap_mb=0.002)
     copy = copy_group(group) if overlap else None
-    state = DPHookState(group, make_codec(codec), overlap=overlap, async_group=copy)
+    state = DPHookState(group, build_codec(codec), overlap=overlap, async_group=copy)
     ddp.register_comm_hook(state, compressed_allreduce_hook)
     return ddp, state
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from taco.codec import get_codec
-from taco.comm import CommPolicy, make_codec
+from taco.codec import build_codec, get_codec
+from taco.comm import CommPolicy
 from taco.comm.compressed import aligned
 from taco.parallel import (
     ParallelDims,
@@ -188,7 +188,7 @@ def _two_shot(rank: int, world: int) -> dict:
     want = total.chunk(world)[rank] / world
     errs = {}
     for name, (inter, intra) in {"none": (None, None), "int": ("int4-hadamard", "int8-hadamard")}.items():
-        c = {k: make_codec(v) for k, v in (("inter", inter), ("intra", intra))}
+        c = {k: build_codec(v) for k, v in (("inter", inter), ("intra", intra))}
         out = torch.empty(1000)
         rs = fs.CodecReduceScatter(c["inter"], None, intra_codec=c["intra"], node_groups=node)
         rs(out, x, dims.group("dp"), dist.ReduceOp.AVG)

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from taco.codec import build_codec
 from taco.parallel import PipelineStage, stage_layers
 from taco.parallel.pipeline import SCHEDULES, Action, exchanges, one_f_one_b_actions, schedule_actions
 from taco.parallel.tags import is_pp_copy
@@ -227,7 +228,7 @@ def _exchange(rank: int, world: int) -> None:
     for codec in (None, "int8-hadamard"):
         # both ranks send first: blocking send/recv could deadlock on a rendezvous, this cannot
         got = comm.send_recv(mine, peer, torch.empty(300), peer, send_codec=codec, recv_codec=codec).wait()
-        want = theirs if codec is None else comm.make_codec(codec).roundtrip(theirs)
+        want = theirs if codec is None else build_codec(codec).roundtrip(theirs)
         assert_equal(got, want, f"send_recv codec {codec}")
         h = comm.irecv(torch.empty(300), peer, codec=codec)
         sent = comm.isend(mine, peer, codec=codec)

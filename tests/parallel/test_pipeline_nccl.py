@@ -14,6 +14,7 @@ import time
 import torch
 
 from taco import comm
+from taco.codec import build_codec
 from taco.parallel.pipeline import exchanges, schedule_actions
 from tests.helpers.dist import assert_equal, run_distributed
 from tests.helpers.nccl_shim import Deadlock, NcclP2P
@@ -48,7 +49,7 @@ def _exchanges(rank: int, world: int) -> dict:
             for check in (False, True):
                 policy = comm.CommPolicy(codec=codec or "none", check_sizes=check)
                 got = comm.send_recv(mine, peer, torch.empty(300), peer, policy=policy).wait()
-                want = theirs if codec is None else comm.make_codec(codec).roundtrip(theirs)
+                want = theirs if codec is None else build_codec(codec).roundtrip(theirs)
                 assert_equal(got, want, f"send_recv codec {codec} check {check}")
         # sizes that differ: a clear error on the receiver (rank 1), no hang, the channel still usable
         n_out, n_in = (7, 4) if rank == 0 else (4, 8)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from taco.cli import main
-from taco.comm.policy import make_codec
+from taco.codec import build_codec
 from taco.train.calibration import CALIBRATION_FILE, SiteSampler, decide
 from taco.train.data import resolve_data_dir
 from tests.helpers.dist import run_distributed
@@ -47,7 +47,7 @@ def test_calibrated_run_writes_every_site_every_rank_agrees_and_resume_reuses(co
     sites = doc["sites"]
     assert a[0]["sites"] == a[1]["sites"] == sorted(sites)  # every TP site that ran, fwd and bwd
     assert {s.rsplit(".", 1)[1] for s in sites} == {"fwd", "bwd"} and len(sites) >= 8
-    want = {s: make_codec(e["codec"]).spec for s, e in sites.items()}
+    want = {s: build_codec(e["codec"]).spec for s, e in sites.items()}
     assert a[0]["site_codecs"] == a[1]["site_codecs"] == want  # both ranks installed the same
     assert a[0]["sampled"] and doc["steps"] == 2 and doc["step"] == 2
     for e in sites.values():
@@ -81,7 +81,7 @@ def test_with_pipeline_stages_every_stage_decides_and_every_rank_installs_all(co
     stage0, stage1 = set(got[0]["sites"]), set(got[2]["sites"])  # ranks 0-1: stage 0, ranks 2-3: stage 1
     assert stage0 and stage1 and not stage0 & stage1 and set(sites) == stage0 | stage1
     assert "tok_emb.fwd" in stage0 and "lm_head.bwd" in stage1
-    want = {s: make_codec(e["codec"]).spec for s, e in sites.items()}
+    want = {s: build_codec(e["codec"]).spec for s, e in sites.items()}
     assert all(g["site_codecs"] == want for g in got)  # every rank holds every stage's choice
 
 
@@ -113,7 +113,7 @@ def test_decide_respects_the_floor_and_the_budget():
     samples = {"a.fwd": [_heavy(4, 16, 64), _heavy(4, 16, 64)], "b.bwd": [torch.randn(4, 16, 64)]}
     defaults = dict.fromkeys(samples, "taco(group_size=128,fmt=e4m3)")
     specs = ["taco(group_size=32)", "taco(group_size=128)", "int4-hadamard", "int6-hadamard", "int8-hadamard"]
-    cands = [make_codec(c) for c in specs]
+    cands = [build_codec(c) for c in specs]
     score = lambda r: 10 ** (-r["sqnr_db"] / 10) * r["bytes_per_elem"]  # noqa: E731
     free = decide(samples, defaults, cands, -math.inf, 0)
     for e in free.values():  # no constraint: the best error x bytes of all
@@ -141,7 +141,7 @@ def test_sampler_keeps_the_first_call_per_step_bounded_and_leaves_inputs_alone()
     s = SiteSampler(max_samples=2, max_elems=4 * 8 * 16)
     x = torch.randn(4, 32, 16)
     keep = x.clone()
-    codec = make_codec("taco")
+    codec = build_codec("taco")
     for _ in range(3):
         s("a.fwd", "all_reduce", x, codec)
         s("a.fwd", "all_reduce", x * 2, codec)  # a second call in the same step: not sampled

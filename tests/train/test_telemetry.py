@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from taco.codec import Codec, get_codec, sqnr_db
+from taco.codec import Codec, build_codec, get_codec, sqnr_db
 from taco.comm import CommPolicy
-from taco.comm.policy import make_codec
 from taco.comm.telemetry import (
     SQNR_CAP_DB,
     FidelityGuard,
@@ -109,7 +108,7 @@ def test_merge_history_and_guard_decisions():
     assert list(merged) == ["a", "b", "c"]
     guard = FidelityGuard(28.0, patience=2, fallback="int8-hadamard")
     specs = {"a": "taco", "b": "taco", "c": "taco"}
-    i8 = make_codec("int8-hadamard").spec
+    i8 = build_codec("int8-hadamard").spec
     first = guard.decide(merged, specs)  # c made NaN from finite input: at once; a: 1 strike
     assert [(s, n) for s, n, _ in first] == [("c", i8)]
     assert "3 non-finite" in first[0][2]
@@ -182,7 +181,7 @@ def test_guard_switches_exactly_the_failing_site_after_patience(corpus, tmp_path
     cfg = tiny(corpus, out, "--train.steps=4", "--compression.telemetry_every=1",
                "--compression.guard_patience=2")
     results = run_distributed(_guarded_rank, 2, cfg, resolve_data_dir(cfg.data, prepare=True), timeout=300)
-    want = {BAD_SITE: make_codec("int8-hadamard").spec}
+    want = {BAD_SITE: build_codec("int8-hadamard").spec}
     assert [r[0] for r in results] == [want, want]  # every rank switched exactly that site
     assert results[1][1] == [] and len(results[0][1]) == 1  # one log line, from rank 0
     line = results[0][1][0]
@@ -203,7 +202,7 @@ def test_resume_keeps_the_guards_switches_and_reproduces_the_run(corpus, tmp_pat
     launch(tiny(corpus, tmp_path / "part", "--train.steps=2", "--train.checkpoint_interval=2", *guarded))
     launch(tiny(corpus, tmp_path / "part", "--train.steps=4", "--train.resume=true", *guarded))
     full, part = _records(tmp_path / "full"), _records(tmp_path / "part")
-    i8 = make_codec("int8-hadamard").spec
+    i8 = build_codec("int8-hadamard").spec
     assert all(36 < v < 200 for k, v in full[2].items() if k.startswith("sqnr_db/")), full[2]  # int8, step 3
     assert [r["loss"] for r in full[2:]] == [r["loss"] for r in part[2:]]  # bit-exact: the switches were kept
 

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from taco.codec.specs import codec_config
 from taco.comm.policy import ALL_REDUCE_ALGOS
 from taco.train.config.schema import _Section
 
@@ -114,6 +115,12 @@ class CompressionConfig(_Section):
         "than this fraction (of the measured one).")})
     auto_max_redecisions: int = field(default=2, metadata={"doc": (
         'when = "auto": at most this many re-probes per run (0: decide once).')})
+
+    def set_tp_codec(self, spec: str) -> None:
+        """`tp_codec` and `tp_codec_options` for a codec given as a spec string, as the sweeps name
+        them ("int6-hadamard(signs=true)"): the options already set that this codec accepts
+        (group_size for group codecs, fmt for FP8 ones, ...), with the spec's own on top."""
+        self.tp_codec, self.tp_codec_options = codec_config(spec, self.tp_codec_options)
 
     def _check(self) -> None:
         for name in ("tp_codec", "pp_codec", "dp_codec", "dp_weight_codec", "dp_grad_codec"):
