@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_subparsers(bsub)
 
-    from taco.train.plan_report import add_plan_subparser
+    from taco.bench.plan_report import add_plan_subparser
 
     add_plan_subparser(sub)
     add_data_subparser(sub)

@@ -34,63 +34,10 @@ from taco.codec.scales import check_scale_fmt
 from taco.codec.specs import parse_spec, split_specs
 from taco.comm.stats import sync_device
 
+from .samples import FAMILIES, json_safe, load_tensors, synthetic
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RANGE_SCALES = (1e-30, 1e-20, 1e-15, 1e-10, 1e-5, 1.0, 1e5, 1e10, 1e11, 1e12, 1e15, 1e20, 1e30)
-HIDDEN = 1024  # row width of the synthetic [tokens, hidden] tensors
-
-
-# -- data -----------------------------------------------------------------------------------------
-def _shape(n: int) -> tuple[int, int]:
-    h = min(HIDDEN, n)
-    return (max(1, n // h), h)
-
-
-def synthetic(family: str, n: int, gen: torch.Generator) -> torch.Tensor:
-    """One synthetic fp32 tensor of about n elements, [n / 1024, 1024] (TP activations' layout)."""
-    shape = _shape(n)
-    x = torch.randn(shape, generator=gen)
-    if family == "gaussian":
-        return x
-    if family == "student-t3":  # heavy tails: t = z / sqrt(chi2_3 / 3)
-        chi2 = torch.randn((3, *shape), generator=gen).square().sum(0)
-        return x / (chi2 / 3).sqrt()
-    if family == "channel-outliers":  # a few hidden channels 100x larger (LLM activations)
-        cols = torch.randperm(shape[1], generator=gen)[: max(1, shape[1] // 256)]
-        x[:, cols] *= 100.0
-        return x
-    if family == "tiny-grad":  # activation gradients ~1e-7 with rare 1e-4 outliers
-        x = x * 1e-7
-        m = torch.rand(shape, generator=gen) < 1e-3
-        return torch.where(m, x * 1e3, x)
-    if family == "sparse":  # 90% exact zeros
-        return torch.where(torch.rand(shape, generator=gen) < 0.9, torch.zeros_like(x), x)
-    raise ValueError(f"unknown family {family!r}: use one of {list(FAMILIES)}")
-
-
-FAMILIES = ("gaussian", "student-t3", "channel-outliers", "tiny-grad", "sparse")
-
-
-def load_tensors(folder: str) -> dict[str, torch.Tensor]:
-    """Float tensors from .pt / .safetensors files in `folder`: name -> tensor (file stem[/key])."""
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(folder).iterdir()):
-        if f.suffix == ".pt":
-            obj = torch.load(f, map_location="cpu", weights_only=True)
-        elif f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            obj = load_file(str(f))
-        else:
-            continue
-        items = obj.items() if isinstance(obj, dict) else [("", obj)]
-        for key, t in items:
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-                out[f.stem + (f"/{key}" if key and len(obj) > 1 else "")] = t
-    if not out:
-        raise ValueError(f"--tensors {folder}: no .pt or .safetensors float tensors found")
-    return out
-
-
 # -- metrics --------------------------------------------------------------------------------------
 def max_group_rel_err(x: torch.Tensor, y: torch.Tensor, g: int) -> float:
     """max over groups of ||x_g - y_g|| / ||x_g|| (fp64; a zero group must decode to zeros)."""
@@ -306,17 +253,6 @@ def _print(table: list[list[str]], file) -> None:
             print("  ".join("-" * w for w in widths), file=file)
 
 
-def _json_safe(obj: object) -> object:
-    """inf/nan -> None (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 # -- command line ---------------------------------------------------------------------------------
 HELP = "codec fidelity and throughput (docs/design.md 3)"
 
@@ -368,7 +304,7 @@ def run_codec(args: argparse.Namespace) -> int:
     result = run(args)
     print_tables(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+        Path(args.json).write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
         print(f"wrote {args.json}")
     return 0
 

@@ -66,7 +66,7 @@ def rd_bound_db(bytes_per_elem: float) -> float:
 def captured(folders: list[str]) -> dict[str, torch.Tensor]:
     """Captured TP tensors (`train.capture_dir`, one file per site and step) of several folders;
     the site's direction is in its name (".fwd" activations, ".bwd" activation gradients)."""
-    from .codec import load_tensors
+    from .samples import load_tensors
 
     out = {}
     for folder in folders:
@@ -201,7 +201,7 @@ def replace_region(page: str, table: str) -> None:
 
 def run_frontier(args) -> int:
     """`taco bench codec --frontier`: measure, print, write --json/--markdown/--plot/--docs."""
-    from .codec import synthetic
+    from .samples import synthetic
 
     folders = [f for f in args.tensors.split(",") if f]
     real = captured(folders) if folders else {}
@@ -220,7 +220,7 @@ def run_frontier(args) -> int:
     if args.plot:
         plot(result, args.plot)
     if args.json:
-        from .codec import _json_safe
+        from .samples import json_safe
 
-        Path(args.json).write_text(json.dumps(_json_safe(result), indent=1, allow_nan=False))
+        Path(args.json).write_text(json.dumps(json_safe(result), indent=1, allow_nan=False))
     return 0

@@ -9,7 +9,6 @@ from .data_parallel import build_optimizer, wrap_data_parallel
 from .dims import ParallelDims
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .mappings import (
-    TPContext,
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
     reduce_from_tensor_parallel_region,
@@ -18,6 +17,7 @@ from .mappings import (
 )
 from .pipeline import PipelineEngine, PipelineStage, embedding_group, stage_layers, sync_tied_grads
 from .tensor_parallel import apply_tensor_parallel, sync_tp_partial_grads, tp_partial_params
+from .tp_context import TPContext
 
 __all__ = [
     "ColumnParallelLinear",

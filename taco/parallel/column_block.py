@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .mappings import TPContext, start_tp_all_reduce, tp_input
+from .mappings import tp_input
+from .tp_context import TPContext, start_tp_all_reduce
 
 
 class _Pending:

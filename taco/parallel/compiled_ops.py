@@ -13,7 +13,7 @@ dual op, so a compiled transformer block is one graph (torch.compile per block, 
     taco::sp_scatter_in(x)       forward: this rank's slice     backward: all-gather dim 1
 
 An op cannot take a process group or a policy, so it takes the `TPContext`'s integer `key` and
-looks the context up (`context_of`). The collectives are the eager ones (`_all_reduce`, ...):
+looks the context up (`context_of`). The collectives are the eager ones (`tp_context.region_all_reduce`, ...):
 same sites, codecs, bytes and statistics as the eager path. `mappings.py` routes to these ops only
 while dynamo traces (`torch.compiler.is_compiling()`), so eager runs are unchanged.
 """
@@ -23,7 +23,14 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-from .mappings import SEQ_DIM, _all_gather, _all_reduce, _reduce_scatter, _split, context_of
+from .tp_context import (
+    SEQ_DIM,
+    context_of,
+    region_all_gather,
+    region_all_reduce,
+    region_reduce_scatter,
+    region_split,
+)
 
 
 def _fake_seq(x: torch.Tensor, key: int, factor: float) -> torch.Tensor:
@@ -34,17 +41,17 @@ def _fake_seq(x: torch.Tensor, key: int, factor: float) -> torch.Tensor:
 
 @custom_op("taco::tp_all_reduce", mutates_args=())
 def tp_all_reduce(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _all_reduce(x, context_of(key), site)
+    return region_all_reduce(x, context_of(key), site)
 
 
 @custom_op("taco::tp_all_gather", mutates_args=())
 def tp_all_gather(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _all_gather(x, context_of(key), site)
+    return region_all_gather(x, context_of(key), site)
 
 
 @custom_op("taco::tp_reduce_scatter", mutates_args=())
 def tp_reduce_scatter(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _reduce_scatter(x, context_of(key), site)
+    return region_reduce_scatter(x, context_of(key), site)
 
 
 @custom_op("taco::tp_copy_in", mutates_args=())
@@ -54,22 +61,22 @@ def tp_copy_in(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
 
 @custom_op("taco::tp_reduce_out", mutates_args=())
 def tp_reduce_out(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _all_reduce(x, context_of(key), site + ".fwd")
+    return region_all_reduce(x, context_of(key), site + ".fwd")
 
 
 @custom_op("taco::sp_gather_in", mutates_args=())
 def sp_gather_in(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _all_gather(x, context_of(key), site + ".fwd")
+    return region_all_gather(x, context_of(key), site + ".fwd")
 
 
 @custom_op("taco::sp_reduce_scatter_out", mutates_args=())
 def sp_reduce_scatter_out(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _reduce_scatter(x, context_of(key), site + ".fwd")
+    return region_reduce_scatter(x, context_of(key), site + ".fwd")
 
 
 @custom_op("taco::sp_scatter_in", mutates_args=())
 def sp_scatter_in(x: torch.Tensor, key: int, site: str) -> torch.Tensor:
-    return _split(x, context_of(key))
+    return region_split(x, context_of(key))
 
 
 def _size(key: int) -> int:

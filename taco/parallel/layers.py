@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .column_block import ColumnBlock
-from .mappings import TPContext, reduce_from_tensor_parallel_region, tp_output
+from .mappings import reduce_from_tensor_parallel_region, tp_output
 from .tags import mark_tp_partial, mark_tp_sharded
+from .tp_context import TPContext
 
 
 def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> nn.Parameter:

@@ -13,7 +13,7 @@ import pytest
 from taco.cli import main
 from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
-from taco.train import plan_report as R
+from taco.bench import plan_report as R
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer

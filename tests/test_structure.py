@@ -1,0 +1,58 @@
+"""The package's import structure (benchmarks/structure.py, docs/design.md 2): no import circles and
+no back arrows against the layering codec <- kernels <- comm <- parallel <- train <- bench <- cli."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.structure import analyse, main
+
+ROOT = Path(__file__).resolve().parents[1]
+# calibration reads the Trainer (an import for its type) while the trainer attaches calibration;
+# the adaptive observers, which receive a narrow view instead of the Trainer, remove this circle
+KNOWN_CIRCLES = [["taco.train.calibration", "taco.train.trainer"]]
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        f = root / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return root / "taco"
+
+
+def test_the_checker_sees_circles_back_arrows_and_skips_script_entries(tmp_path, capsys):
+    pkg = _write(tmp_path, {
+        "taco/__init__.py": "",
+        "taco/codec/__init__.py": "",
+        "taco/codec/a.py": "def f():\n    from taco.comm import b\n",  # lazy: still an arrow
+        "taco/comm/__init__.py": "from . import b\n",
+        "taco/comm/b.py": "from ..codec import a\n",
+        "taco/train/__init__.py": "",
+        "taco/train/t.py": "if __name__ == '__main__':\n    import taco.cli\n",  # a script entry
+        "taco/cli.py": "import taco.train.t\n",
+    })  # fmt: skip
+    mods, pkgs, back, _ = analyse(pkg)
+    assert mods == [["taco.codec.a", "taco.comm.b"]]
+    assert pkgs == [["codec", "comm"]]
+    assert back == [("taco.codec.a", "taco.comm.b")]
+    assert main(["--root", str(pkg)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "module circle: taco.codec.a -> taco.comm.b -> taco.codec.a" in out
+    assert out[-1] == "2 circles, 1 back arrows"
+
+
+def test_no_back_arrows():
+    _, _, back, _ = analyse(ROOT / "taco")
+    assert back == [], "\n".join(f"{m} imports {d}" for m, d in back)
+
+
+def test_no_import_circles_but_the_known_one():
+    mods, pkgs, _, _ = analyse(ROOT / "taco")
+    assert [c for c in mods if c not in KNOWN_CIRCLES] == [] and pkgs == []
+
+
+@pytest.mark.xfail(strict=False, reason="the calibration <-> trainer circle (KNOWN_CIRCLES) is still there")
+def test_no_import_circles():
+    mods, pkgs, _, _ = analyse(ROOT / "taco")
+    assert mods == [] and pkgs == []
