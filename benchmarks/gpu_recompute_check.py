@@ -27,7 +27,7 @@ from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.launch import free_port
+from taco.train.procs import free_port
 from taco.train.trainer import Trainer
 
 SHAPE = ["--model.n_layer=8", "--model.hidden=512", "--model.n_head=8", "--model.seq_len=512",

@@ -32,7 +32,7 @@ from taco.bench.cluster_noise import t95
 from taco.parallel.recompute import SavedBytes
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.launch import free_port
+from taco.train.procs import free_port
 from taco.train.trainer import Trainer
 
 MODES = ("none", "full", "selective")

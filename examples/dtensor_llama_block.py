@@ -74,6 +74,6 @@ def main(rank: int, world: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    from taco.train.launch import free_port
+    from taco.train.procs import free_port
 
     mp.spawn(main, args=(2, free_port()), nprocs=2)

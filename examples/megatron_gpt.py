@@ -134,7 +134,7 @@ def main(rank: int, world: int, port: int, steps: int, codec: str) -> None:
 
 
 if __name__ == "__main__":
-    from taco.train.launch import free_port
+    from taco.train.procs import free_port
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)

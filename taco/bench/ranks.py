@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from taco.train.launch import free_port
+from taco.train.procs import free_port, run_ranks
 
 
 def comma_list(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
@@ -56,8 +56,6 @@ def spawn_ranks(fn: Callable[..., Any], world: int, *args: Any) -> Any:
 
     The trainer's launcher (`taco.train.procs.run_ranks`) runs them: a failing rank stops the
     others and raises `RankError` naming the root cause (tracebacks in $TMPDIR/taco-bench/)."""
-    from taco.train.procs import run_ranks
-
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
         logs = Path(tempfile.gettempdir()) / "taco-bench"

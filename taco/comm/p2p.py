@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..codec import CodecSpec
-from .collectives import DEFAULT_CODEC, Group, _bytes, _Call, _PolicyOrTaco
+from .call import DEFAULT_CODEC, Call, Group, PolicyOrTaco, tensor_bytes
 from .handles import Handle, Steps
 from .policy import CommPolicy
 
@@ -45,14 +45,14 @@ Transfer = tuple[str, torch.Tensor, int]
 """("send" | "recv", tensor, global peer rank)"""
 
 
-def _header(call: _Call, nbytes: int) -> torch.Tensor:
+def _header(call: Call, nbytes: int) -> torch.Tensor:
     crc = zlib.crc32(call.describe().encode())
     return torch.tensor([call.x.numel(), nbytes, crc], dtype=torch.int64, device=call.x.device)
 
 
-def _nbytes(call: _Call) -> int:
+def _nbytes(call: Call) -> int:
     x = call.x
-    return call.codec.nbytes(x.numel(), x.dtype) if call.codec is not None and x.numel() else _bytes(x)
+    return call.codec.nbytes(x.numel(), x.dtype) if call.codec is not None and x.numel() else tensor_bytes(x)
 
 
 def post(transfers: list[Transfer], group: Group) -> list[dist.Work]:
@@ -75,18 +75,18 @@ def _wait(works: list[dist.Work]) -> None:
 class _Outgoing:
     """The sending half of a transfer: header (with the size check) and payload, encoded at once."""
 
-    def __init__(self, call: _Call, dst: int) -> None:
+    def __init__(self, call: Call, dst: int) -> None:
         x = call.x
         self.call, self.dst = call, dst
         nbytes = _nbytes(call)
-        call.account(_bytes(x), nbytes)
+        call.account(tensor_bytes(x), nbytes)
         self.header = _header(call, nbytes) if call.wants_check() else None
         self.payload: torch.Tensor | None = None  # nothing travels for an empty message
         self.buf = self.ctx = None
         if nbytes and call.codec is None:
             self.payload = x.contiguous()  # sent from x itself (a copy only when x is not contiguous)
         elif nbytes:
-            self.ctx = call.ctx(_bytes(x))
+            self.ctx = call.ctx(tensor_bytes(x))
             self.buf = self.payload = self.ctx.take("p2p.send", nbytes, x.device)
             with call.clock("encode_s"):
                 call.codec.encode(x, out=self.buf)
@@ -108,11 +108,11 @@ class _Incoming:
     """The receiving half: the expected header, then a payload buffer (or, after a header that
     does not match, a drain for the sender's payload, so that the sender completes)."""
 
-    def __init__(self, call: _Call, src: int) -> None:
+    def __init__(self, call: Call, src: int) -> None:
         like = call.x
         self.call, self.src = call, src
         self.nbytes = _nbytes(call)
-        call.account(_bytes(like), self.nbytes)
+        call.account(tensor_bytes(like), self.nbytes)
         check = call.wants_check()
         self.got = torch.empty(3, dtype=torch.int64, device=like.device) if check else None
         self.error: ValueError | None = None
@@ -145,7 +145,7 @@ class _Incoming:
         if call.codec is None:
             self.out = torch.empty_like(like, memory_format=torch.contiguous_format)
             return [("recv", self.out, self.src)]
-        self.ctx = call.ctx(_bytes(like))
+        self.ctx = call.ctx(tensor_bytes(like))
         self.buf = self.ctx.take("p2p.recv", self.nbytes, like.device)
         return [("recv", self.buf, self.src)]
 
@@ -203,7 +203,7 @@ def isend(
     x: torch.Tensor,
     dst: int,
     group: Group = None,
-    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
+    codec: CodecSpec | PolicyOrTaco = DEFAULT_CODEC,
     *,
     site: str | None = None,
     policy: CommPolicy | None = None,
@@ -211,7 +211,7 @@ def isend(
     """Encode x and post its send to global rank `dst`; `wait()` completes it and returns x.
 
     x must not be modified before `wait()` when the codec is None (it is sent from x itself)."""
-    call = _Call("send", x, group, codec, site, policy)
+    call = Call("send", x, group, codec, site, policy)
     return Handle.start(_send_steps(_Outgoing(call, dst), group))
 
 
@@ -219,14 +219,14 @@ def irecv(
     like: torch.Tensor,
     src: int,
     group: Group = None,
-    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
+    codec: CodecSpec | PolicyOrTaco = DEFAULT_CODEC,
     *,
     site: str | None = None,
     policy: CommPolicy | None = None,
 ) -> Handle:
     """Post a receive from global rank `src` of a tensor shaped like `like`; `wait()` returns it
     decoded (shape, dtype and device of `like`)."""
-    call = _Call("recv", like, group, codec, site, policy)
+    call = Call("recv", like, group, codec, site, policy)
     return call.run(_recv_steps(_Incoming(call, src), group), async_op=True)
 
 
@@ -237,8 +237,8 @@ def send_recv(
     src: int,
     group: Group = None,
     *,
-    send_codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
-    recv_codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
+    send_codec: CodecSpec | PolicyOrTaco = DEFAULT_CODEC,
+    recv_codec: CodecSpec | PolicyOrTaco = DEFAULT_CODEC,
     send_site: str | None = None,
     recv_site: str | None = None,
     policy: CommPolicy | None = None,
@@ -247,8 +247,8 @@ def send_recv(
     together through `dist.batch_isend_irecv`); `wait()` returns the received tensor once both
     are done. The peers call it mirrored (the rank `dst` calls `send_recv` with this rank as its
     source); they may reach it in either order, on NCCL too (module docstring)."""
-    sent = _Outgoing(_Call("send", x, group, send_codec, send_site, policy), dst)
-    call = _Call("recv", like, group, recv_codec, recv_site, policy)
+    sent = _Outgoing(Call("send", x, group, send_codec, send_site, policy), dst)
+    call = Call("recv", like, group, recv_codec, recv_site, policy)
     return call.run(_exchange_steps(sent, _Incoming(call, src), group), async_op=True)
 
 
@@ -256,7 +256,7 @@ def send(
     x: torch.Tensor,
     dst: int,
     group: Group = None,
-    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
+    codec: CodecSpec | PolicyOrTaco = DEFAULT_CODEC,
     *,
     site: str | None = None,
     policy: CommPolicy | None = None,
@@ -269,7 +269,7 @@ def recv(
     like: torch.Tensor,
     src: int,
     group: Group = None,
-    codec: CodecSpec | _PolicyOrTaco = DEFAULT_CODEC,
+    codec: CodecSpec | PolicyOrTaco = DEFAULT_CODEC,
     *,
     site: str | None = None,
     policy: CommPolicy | None = None,

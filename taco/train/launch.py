@@ -22,7 +22,6 @@ import datetime
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
 from taco.train.errors import RunInterrupted
-from taco.train.procs import run_ranks
+from taco.train.procs import free_port, run_ranks
 from taco.train.rundir import check_run_dir, prepare_run_dir
 
 StepHook = Callable[[Any, dict[str, Any]], None]
@@ -96,13 +95,6 @@ def run_rank(
         return trainer.fit()
     finally:
         close_data_parallel(trainer.module)  # the DP hook's worker, before the groups go
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (MASTER_PORT of locally spawned ranks)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawned(

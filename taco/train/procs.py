@@ -1,4 +1,6 @@
 """The local rank processes of `taco train`: start, watch, stop, and report the error that matters.
+The one home of the process helpers that the launcher, the benchmarks and the tests share
+(`free_port`, `run_ranks`, `pick_error`).
 
 Why this file exists: `torch.multiprocessing.spawn` reports a failing rank as a 40-line
 ProcessRaisedException (often the *other* rank's "Connection closed by peer"), leaves the ranks
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -42,6 +45,13 @@ REPORT_GRACE_S = 3.0  # after a rank fails: how long the others get to report th
 STOP_GRACE_S = 3.0  # after SIGTERM: how long a rank gets to exit before SIGKILL
 
 _COMM_HINTS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "nccl")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (MASTER_PORT of locally spawned ranks)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _is_comm_error(e: BaseException) -> bool:

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from taco.bench import plan_report as R
 from taco.cli import main
 from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
-from taco.bench import plan_report as R
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.trainer import Trainer

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from taco.train.launch import free_port
+from taco.train.procs import free_port
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: str, timeout: float) -> None:
