@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import functional as Fn
 from . import search
-from .base import finite_clamp
+from .base import finite_clamp, sum_in_order
 from .formats import pack_bits, unpack_bits
 from .scales import to_bytes
 
@@ -125,20 +125,16 @@ class GroupFnBackend(KernelBackend):
 
     def decode_sum_encode(self, codec, bufs, stride, nchunks, numel, own, own_index, out, sum_out) -> None:
         size = codec.nbytes(numel)
-        terms = []
-        for k in range(nchunks):
+
+        def decode_chunk(k: int) -> torch.Tensor:
             t = torch.empty(numel, dtype=torch.float32, device=bufs.device)
             self.decode(codec, bufs[k * stride : k * stride + size], t)
-            terms.append(t)
-        if own is not None:
-            terms.insert(own_index, own.reshape(-1).to(torch.float32))
-        s = terms[0].clone()
-        for t in terms[1:]:
-            s += t
-        if out is not None:
-            self.encode(codec, s, out)
-        if sum_out is not None:
-            sum_out.copy_(s)
+            return t
+
+        def encode(s: torch.Tensor, buf: torch.Tensor) -> None:
+            self.encode(codec, s, buf)
+
+        sum_in_order(decode_chunk, nchunks, own, own_index, encode, out, sum_out)
 
 
 EAGER = GroupFnBackend(

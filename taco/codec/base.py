@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,31 @@ class Packed:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+def sum_in_order(
+    decode_chunk: Callable[[int], torch.Tensor],
+    nchunks: int,
+    own: torch.Tensor | None,
+    own_index: int,
+    encode: Callable[[torch.Tensor, torch.Tensor], None],
+    out: torch.Tensor | None,
+    sum_out: torch.Tensor | None,
+) -> None:
+    """The reference decode-sum-encode (docs/design.md 1.3), for every codec and the eager backend:
+    the fp32 terms `decode_chunk(k)` for k < nchunks, the raw `own` values inserted as term
+    `own_index`, summed in that order (s = t_0 + t_1 + ...); `encode(s, out)` if `out` is given and
+    s stored into `sum_out` if given."""
+    terms = [decode_chunk(k) for k in range(nchunks)]
+    if own is not None:
+        terms.insert(own_index, own.reshape(-1).to(torch.float32))
+    s = terms[0].clone()
+    for t in terms[1:]:
+        s += t
+    if out is not None:
+        encode(s, out)
+    if sum_out is not None:
+        sum_out.copy_(s)
 
 
 class Codec:
@@ -160,19 +186,11 @@ class Codec:
         # codecs whose bytes do not depend on the dtype decode straight to fp32
         wire = torch.float32 if self.nbytes(numel, torch.float32) == self.nbytes(numel, dtype) else dtype
         size = self.nbytes(numel, dtype)
-        terms = [
-            self.decode(self.wrap(bufs[k * stride : k * stride + size], (numel,), wire)).float()
-            for k in range(nchunks)
-        ]
-        if own is not None:
-            terms.insert(own_index, own.reshape(-1).to(torch.float32))
-        s = terms[0].clone()
-        for t in terms[1:]:
-            s += t
-        if out is not None:
-            self.encode(s if wire == torch.float32 else s.to(dtype), out=out)
-        if sum_out is not None:
-            sum_out.copy_(s)
+        sum_in_order(
+            lambda k: self.decode(self.wrap(bufs[k * stride : k * stride + size], (numel,), wire)).float(),
+            nchunks, own, own_index,
+            lambda s, buf: self.encode(s if wire == torch.float32 else s.to(dtype), out=buf), out, sum_out,
+        )  # fmt: skip
 
     # -- implementation -------------------------------------------------------------------------
     def _encode_flat(self, x: torch.Tensor, out: torch.Tensor) -> None:
