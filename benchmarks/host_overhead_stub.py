@@ -58,7 +58,7 @@ class _Done:
 def stubbed(world: int, rank: int):
     """Play rank `rank` of `world` with stub kernels and no-op transfers; yields the launch log,
     one (kernel name, grid) per launch."""
-    from taco.comm import collectives, compressed
+    from taco.comm import call, compressed
     from taco.kernels import triton_taco
 
     log: list = []
@@ -70,7 +70,7 @@ def stubbed(world: int, rank: int):
         stack.enter_context(mock.patch.object(dist, "get_rank", lambda group=None: rank))
         stack.enter_context(mock.patch.object(dist, "all_to_all_single", lambda *a, **k: done))
         stack.enter_context(mock.patch.object(compressed, "all_gather_into", lambda *a, **k: done))
-        stack.enter_context(mock.patch.object(collectives, "all_gather_into", lambda *a, **k: done))
+        stack.enter_context(mock.patch.object(call, "all_gather_into", lambda *a, **k: done))
         yield log
 
 

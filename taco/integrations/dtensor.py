@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 
 from ..comm import CommPolicy
 from ..parallel import mappings
-from ..parallel.tp_context import SEQ_DIM, TPContext
+from ..parallel.regions import SEQ_DIM, TPContext
 
 
 def _ctx(device_mesh: Any, policy: CommPolicy | None, sp: bool) -> TPContext:

@@ -16,8 +16,8 @@ from .mappings import (
     scatter_to_sequence_parallel_region,
 )
 from .pipeline import PipelineEngine, PipelineStage, embedding_group, stage_layers, sync_tied_grads
+from .regions import TPContext
 from .tensor_parallel import apply_tensor_parallel, sync_tp_partial_grads, tp_partial_params
-from .tp_context import TPContext
 
 __all__ = [
     "ColumnParallelLinear",

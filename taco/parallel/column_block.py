@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .mappings import tp_input
-from .tp_context import TPContext, start_tp_all_reduce
+from .regions import TPContext, start_tp_all_reduce
 
 
 class _Pending:

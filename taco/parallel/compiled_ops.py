@@ -13,7 +13,7 @@ dual op, so a compiled transformer block is one graph (torch.compile per block, 
     taco::sp_scatter_in(x)       forward: this rank's slice     backward: all-gather dim 1
 
 An op cannot take a process group or a policy, so it takes the `TPContext`'s integer `key` and
-looks the context up (`context_of`). The collectives are the eager ones (`tp_context.region_all_reduce`, ...):
+looks the context up (`context_of`). The collectives are the eager ones (`regions.region_all_reduce`, ...):
 same sites, codecs, bytes and statistics as the eager path. `mappings.py` routes to these ops only
 while dynamo traces (`torch.compiler.is_compiling()`), so eager runs are unchanged.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-from .tp_context import (
+from .regions import (
     SEQ_DIM,
     context_of,
     region_all_gather,

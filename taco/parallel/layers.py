@@ -15,8 +15,8 @@ from torch import nn
 
 from .column_block import ColumnBlock
 from .mappings import reduce_from_tensor_parallel_region, tp_output
+from .regions import TPContext
 from .tags import mark_tp_partial, mark_tp_sharded
-from .tp_context import TPContext
 
 
 def _shard(t: torch.Tensor, dim: int, ctx: TPContext, what: str) -> nn.Parameter:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from .tp_context import (
+from .regions import (
     TPContext,
     region_all_gather,
     region_all_reduce,

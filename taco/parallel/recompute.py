@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from .tp_context import TPContext
+from .regions import TPContext
 
 RECOMPUTE_MODES = ("none", "full", "selective")
 _KEPT_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)  # selective: matmul outputs kept

@@ -27,8 +27,8 @@ from .dims import ParallelDims
 from .fully_sharded import local_tensor
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .mappings import scatter_to_sequence_parallel_region
+from .regions import TPContext
 from .tags import is_tp_partial, mark_tp_partial, set_tp_context, tp_context
-from .tp_context import TPContext
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -31,7 +31,7 @@ from taco import comm
 from taco.codec import Codec
 from taco.comm import CommPolicy
 from taco.comm.stats import sync_device
-from taco.parallel.tp_context import SEQ_DIM
+from taco.parallel.regions import SEQ_DIM
 
 PROBED_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 

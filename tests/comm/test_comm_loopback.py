@@ -34,7 +34,7 @@ import torch.distributed as dist
 import taco
 from taco import comm
 from taco.codec.specs import parse_spec
-from taco.comm import collectives, compressed
+from taco.comm import call, compressed
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SPECS = ["taco", "int8-hadamard", "int6-hadamard", "int4-hadamard(signs=true)"]
@@ -93,7 +93,7 @@ class Loopback:
             mock.patch.object(dist, "get_rank", lambda group=None: self.rank),
             mock.patch.object(dist, "all_to_all_single", self.all_to_all_single),
             mock.patch.object(compressed, "all_gather_into", self.all_gather_into),
-            mock.patch.object(collectives, "all_gather_into", self.all_gather_into),  # the size check
+            mock.patch.object(call, "all_gather_into", self.all_gather_into),  # the size check
         ]
         for p in patches:
             self._stack.enter_context(p)
