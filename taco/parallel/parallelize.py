@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from taco import comm
-from taco.codec import CodecSpec
+from taco.comm.policy import CodecSpec
 
 from .data_parallel import wrap_data_parallel
 from .dims import ParallelDims

@@ -1,8 +1,9 @@
-"""What a run is built from: the model, the communication policies, the learning-rate schedule.
+"""What a run is built from: the model, the communication policies, the parallel options, the
+optimizer, the learning-rate schedule.
 
-Why this file exists: these are pure functions of the config (no loop state), shared by the
-trainer and by the benchmarks and tests that build one piece of a run; keeping them apart keeps
-`trainer.py` about the loop.
+Why this file exists: these are pure functions of the config (no loop state), the pieces
+`taco.train.run.build_run` puts together in order, shared with the benchmarks and tests that build
+one piece of a run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from taco.comm import CommPolicy
-from taco.parallel.dims import ParallelDims
+from taco.parallel.parallelize import ParallelOptions
 from taco.train.config import Config
 
 VOCAB_MULTIPLE = 128
@@ -138,49 +139,25 @@ def train_dtype(cfg: Config) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.dtype.value]
 
 
-def shard_data_parallel(cfg: Config, dims: ParallelDims, stage: nn.Module, policy: CommPolicy) -> nn.Module:
-    """`parallel.dp_shard`: FSDP2 over the DP group (`taco.parallel.fully_sharded`), each of the
-    stage's transformer blocks its own parameter group. Mixed precision from `train.dtype`: bf16
-    gathers bf16 weights and reduces fp32 gradients (the fp32 shards stay the optimizer's); fp32
-    changes nothing. Codecs: `compression.dp_weight_codec` / `dp_grad_codec` (/ `dp_grad_intra_codec`
-    within a node of `parallel.dp_ranks_per_node` ranks). Collective: every rank calls it."""
-    from taco.parallel.fully_sharded import dp_node_groups, fully_shard_stage
-
-    c, p = cfg.compression, cfg.parallel
-    bf16 = cfg.train.dtype.value == "bf16"
-    layers = stage.model.layers
-    return fully_shard_stage(
-        stage,
-        [layers[i] for i in stage.layers],
-        dims.group("dp"),
-        weight_codec=c.dp_weight_codec,
-        grad_codec=c.dp_grad_codec,
-        grad_intra_codec=c.dp_grad_intra_codec or None,
-        node_groups=dp_node_groups(dims, p.dp_ranks_per_node),
-        policy=policy,
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-    )
-
-
-def prepare_stage(cfg: Config, stage: nn.Module, model: nn.Module, sharded: bool) -> dict[int, torch.Tensor]:
-    """`train.compile`: torch.compile each block of the stage (the TP regions are custom ops,
-    `taco.parallel.compiled_ops`, so a block is one graph; the wgrad overlap is turned off).
-    bf16 with `train.mixed_precision = "master"` (not FSDP2, which has its own): cast the stage to
-    bf16 and return the fp32 init by parameter id, where the masters start; else {}."""
-    from taco.parallel.tags import tp_context
-
-    t = cfg.train
-    if t.compile:
-        if (ctx := tp_context(model)) is not None:
-            ctx.overlap_wgrad = False
-        for i in stage.layers:
-            stage.model.layers[i].compile()
-    if t.dtype.value != "bf16" or t.mixed_precision.value != "master" or sharded:
-        return {}
-    fp32_init = {id(q): q.detach().clone() for q in stage.parameters()}
-    stage.to(torch.bfloat16)  # the same Parameter objects, now bf16
-    return fp32_init
+def parallel_options(cfg: Config, device: torch.device | str) -> ParallelOptions:
+    """How `taco.parallel.parallelize` applies each parallelism, from `[parallel]`, `[train]` and
+    the DP codecs of `[compression]`. bf16 with `train.mixed_precision = "master"`: the stage is cast
+    to bf16 and the fp32 init kept for the masters; "autocast": each forward under bf16 autocast;
+    FSDP2 (`parallel.dp_shard`) gathers bf16 weights and reduces fp32 gradients instead."""
+    c, p, t = cfg.compression, cfg.parallel, cfg.train
+    bf16, mp = t.dtype.value == "bf16", t.mixed_precision.value
+    return ParallelOptions(
+        device=device, comm_dtype=tp_comm_dtype(cfg), overlap_wgrad=p.overlap_tp_wgrad,
+        recompute=t.recompute.value, compile=t.compile, master_bf16=bf16 and mp == "master",
+        dp_shard=p.dp_shard, dp_codec=c.dp_codec, dp_codec_options=c.dp_codec_options,
+        overlap_dp=p.overlap_dp,
+        fsdp_codecs=dict(weight_codec=c.dp_weight_codec, grad_codec=c.dp_grad_codec,
+                         grad_intra_codec=c.dp_grad_intra_codec or None),
+        dp_ranks_per_node=p.dp_ranks_per_node,
+        fsdp_dtypes=(torch.bfloat16, torch.float32) if bf16 else (None, None),
+        schedule=p.pp_schedule.value, overlap_p2p=p.overlap_p2p, act_dtype=train_dtype(cfg),
+        autocast=bf16 and mp == "autocast",
+    )  # fmt: skip
 
 
 def build_stage_optimizer(
