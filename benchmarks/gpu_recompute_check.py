@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.launch import free_port
-from taco.train.run import build_run
 
 SHAPE = ["--model.n_layer=8", "--model.hidden=512", "--model.n_head=8", "--model.seq_len=512",
          "--train.batch_size=8", "--train.dtype=bf16", "--parallel.tp=1", "--train.steps=3"]  # fmt: skip

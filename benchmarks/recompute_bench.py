@@ -30,10 +30,10 @@ import torch.multiprocessing as mp
 
 from taco.bench.cluster_noise import t95
 from taco.parallel.recompute import SavedBytes
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.launch import free_port
-from taco.train.run import build_run
 
 MODES = ("none", "full", "selective")
 

@@ -103,7 +103,7 @@ def parallel_step(
     opts = ParallelOptions(
         overlap_wgrad=overlap_wgrad, dp_codec=codecs.get("dp"), schedule=schedule, overlap_p2p=overlap_p2p
     )
-    par = parallelize(model, dims, pol, opts)  # the trainer's build step (taco.train.run.build_run)
+    par = parallelize(model, dims, pol, opts)  # the trainer's build step (taco.train.build.build_run)
     stage, module, engine = par.stage, par.module, par.engine
     tp_group = dims.group("tp")
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from taco.train.build import train_dtype
+from taco.train.build import build_run, train_dtype
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.run import build_run
 from tests.dist import run_distributed
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.grads import sum_squares
-from taco.train.run import build_run
 from tests.dist import assert_close, assert_equal, run_distributed
 from tests.test_train import tiny_args
 

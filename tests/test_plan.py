@@ -14,9 +14,9 @@ from taco.cli import main
 from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
 from taco.train import plan_report as R
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.run import build_run
 from tests.dist import run_distributed
 from tests.test_train import tiny_args
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from taco.parallel.recompute import SavedBytes
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.run import build_run
 from tests.dist import run_distributed
 from tests.test_train import tiny_args
 

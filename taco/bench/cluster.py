@@ -111,7 +111,7 @@ def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
     """The training loop of one rank; per-step TP bytes and phase times from the TP policy's stats."""
     import torch.distributed as dist
 
-    from taco.train.run import build_run
+    from taco.train.build import build_run
 
     run = build_run(cfg, cfg.parallel.dims().build(), data_dir)
     stats = run.policy.stats

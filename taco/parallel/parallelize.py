@@ -4,7 +4,7 @@ dtype -> DP (DDP or FSDP2) -> the pipeline engine.
 Why this file exists: the order matters (the pipeline cuts a TP-sharded model; recompute wraps
 blocks before DP wraps them; FSDP2 shards parameters where they already are; process groups are
 created in the same order on every rank), so it is written once, here, like torchtitan's
-`parallelize_llama`. The trainer (`taco.train.run.build_run`), the 3D tests and the benchmarks
+`parallelize_llama`. The trainer (`taco.train.build.build_run`), the 3D tests and the benchmarks
 all build through `parallelize`; it knows nothing of configs, only of the options below.
 """
 

@@ -1,22 +1,34 @@
-"""What a run is built from: the model, the communication policies, the parallel options, the
-optimizer, the learning-rate schedule.
+"""How a run is built: `build_run`, top to bottom, and the pieces it is built from.
 
-Why this file exists: these are pure functions of the config (no loop state), the pieces
-`taco.train.run.build_run` puts together in order, shared with the benchmarks and tests that build
-one piece of a run.
+Why this file exists: a reader following a run finds its construction in one place, in order
+(picotron's train.py, torchtitan's parallelize_llama):
+
+    data -> model -> TP/SP plan -> PP stage -> recompute, device, dtype -> DP/FSDP -> optimizer
+         -> compression policy and its observers (the adaptive wing)
+
+`build_run` does exactly that and returns a `taco.train.run.Run`; the pieces above it are pure
+functions of the config (no loop state), shared with the benchmarks and tests that build one
+piece of a run. The trainer, the cluster benchmark and the tests all build runs through
+`build_run` (docs/design.md 2.0).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from taco.comm import CommPolicy
-from taco.parallel.parallelize import ParallelOptions
+from taco.parallel.dims import ParallelDims
+from taco.parallel.parallelize import ParallelOptions, parallelize
+from taco.train.adaptive import build_wing
 from taco.train.config import Config
+from taco.train.data import TokenDataset
+from taco.train.perf import flops_per_token
+from taco.train.run import Run
 
 VOCAB_MULTIPLE = 128
 """Vocabularies are padded to a multiple of this (Megatron's make-vocab-size-divisible-by)."""
@@ -114,26 +126,6 @@ def build_axis_policy(cfg: Config, axis: str) -> CommPolicy:
     )
 
 
-def sent_bytes(policy: CommPolicy, recompute: bool = False) -> tuple[int, int]:
-    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded);
-    `recompute`: those that activation recompute re-sent, counted apart."""
-    stats = policy.recompute_stats if recompute else policy.stats
-    sites = [s for name, s in stats.sites.items() if not name.endswith(".recv")]
-    return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
-
-
-AXES = ("tp", "pp", "dp")
-
-
-def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup, then cosine decay from train.lr to train.min_lr."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
-
-
 def train_dtype(cfg: Config) -> torch.dtype:
     """The compute dtype of `train.dtype`; pipeline activations and their gradients travel in it."""
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.dtype.value]
@@ -183,3 +175,34 @@ def build_stage_optimizer(
         return make(groups)
     fp32_sum = p.microbatches > 1 and dp_group is None
     return MasterWeightsOptimizer(groups, make, accumulate_fp32=fp32_sum, init=fp32_init)
+
+
+def build_run(
+    cfg: Config,
+    dims: ParallelDims,
+    data_dir: Path,
+    *,
+    device: torch.device | str = "cpu",
+    log: bool = False,
+    observers: Sequence[Any] = (),
+) -> Run:
+    """Build this rank's run of `cfg` on the built mesh `dims`, in order (module docstring).
+    `log`: this rank prints and writes the run's files (rank 0); `observers`: extra observers of
+    the TP policy after the config's own (e.g. `GradFidelity`). Collective: every rank calls it."""
+    device, t = torch.device(device), cfg.train
+    train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
+    val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
+    # Megatron-style padding so the vocabulary shards evenly (build.model_vocab); a checkpoint's
+    # padded logits are masked out of the loss (loss_vocab), so it trains as the unpadded model.
+    vocab, loss_vocab = model_vocab(cfg, train_ds.vocab_size)
+    policies = {"tp": build_policy(cfg), **{a: build_axis_policy(cfg, a) for a in ("pp", "dp")}}
+    full, m = build_model(cfg, vocab), cfg.model  # 1. the full model, the same on every rank
+    fpt = flops_per_token(full, m.n_layer, m.n_head * m.head_size, m.seq_len)  # for MFU
+    par = parallelize(full, dims, policies, parallel_options(cfg, device))  # 2.-5. TP, PP, DP, engine
+    opt = build_stage_optimizer(cfg, par.stage, dims.group("dp"), par.fp32_init)  # 6. AdamW (ZeRO)
+    wing = build_wing(  # 7. the TP policy's observers: calibration, auto policy, telemetry, capture
+        cfg, policies["tp"], tp_group=dims.group("tp"), device=device, log=log, extra=tuple(observers),
+        decides=dims.dp_rank == 0 and dims.tp_rank == 0, captures=dims.tp_rank == 0 and dims.dp_rank == 0,
+    )  # fmt: skip
+    data = (train_ds, val_ds)
+    return Run(cfg, dims, device, log, data, loss_vocab, fpt, policies, par, opt, wing, train_dtype(cfg))

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taco.train.build import AXES
+from taco.train.run import AXES
 
 
 class MetricsLogger:

@@ -1,15 +1,11 @@
-"""One rank's run, built top to bottom in one function, and its step.
+"""One rank's built run and its step.
 
-Why this file exists: a reader following a run should find its construction in one place, in
-order (picotron's train.py, torchtitan's parallelize_llama):
-
-    data -> model -> TP/SP plan -> PP stage -> recompute, device, dtype -> DP/FSDP -> optimizer
-         -> compression policy and its observers (the adaptive wing)
-
-`build_run` does exactly that and returns a `Run`, whose `step` is one optimizer step (the
-pipeline schedule of micro-batches, which is gradient accumulation at pp = 1, the DP reduction
-inside the last backward, TP and tied-embedding sums, clipping, AdamW). The loop
-(`taco.train.trainer.Trainer.fit`), the benchmarks and the tests all build through `build_run`.
+Why this file exists: `taco.train.build.build_run` builds a run top to bottom, in order (data ->
+model -> TP/SP plan -> PP stage -> DP/FSDP -> optimizer -> compression policy and its observers),
+and returns a `Run`; here is what the loop (`taco.train.trainer.Trainer.fit`) and the benchmarks
+do with it. `Run.step` is one optimizer step: the pipeline schedule of micro-batches (gradient
+accumulation at pp = 1) with the DP reduction inside the last backward, the TP and tied-embedding
+sums, clipping, AdamW at the learning rate of `lr_at`.
 
 Devices: one `torch.device` per rank; the model, every batch, scalar and buffer live there. Per
 step the host reads the loss, the gradient norm and the stop request once, never per collective.
@@ -17,9 +13,10 @@ step the host reads the loss, the gradient norm and the stop request once, never
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -38,63 +35,44 @@ from taco.parallel.data_parallel import (
     plain_allreduce_bytes,
 )
 from taco.parallel.master_weights import MasterWeightsOptimizer
-from taco.parallel.parallelize import Parallelized, parallelize
+from taco.parallel.parallelize import Parallelized
 from taco.parallel.tags import tp_context
 from taco.train import stopping
-from taco.train.adaptive import StepEnd, Wing, build_wing
-from taco.train.build import (
-    AXES,
-    build_axis_policy,
-    build_model,
-    build_policy,
-    build_stage_optimizer,
-    lr_at,
-    model_vocab,
-    parallel_options,
-    sent_bytes,
-)
+from taco.train.adaptive import StepEnd, Wing
 from taco.train.checkpoint import check_shapes
 from taco.train.config import Config
 from taco.train.data import TokenDataset
 from taco.train.errors import CheckpointError
 from taco.train.grads import MeshGrads
-from taco.train.perf import flops_per_token, peak_memory_bytes
+from taco.train.perf import peak_memory_bytes
 from taco.train.window import StepStats
+
+
+def sent_bytes(policy: CommPolicy, recompute: bool = False) -> tuple[int, int]:
+    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded);
+    `recompute`: those that activation recompute re-sent, counted apart."""
+    stats = policy.recompute_stats if recompute else policy.stats
+    sites = [s for name, s in stats.sites.items() if not name.endswith(".recv")]
+    return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
+
+
+AXES = ("tp", "pp", "dp")
+"""the axes whose bytes a run counts"""
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Linear warmup, then cosine decay from train.lr to train.min_lr."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
+
 
 STAT_KEYS = (*AXES, "tp_recompute")
 """the per-step byte counters: each axis, then the TP traffic re-sent by activation recompute"""
 Batch = tuple[torch.Tensor, torch.Tensor]
 """token ids x [b, s] and targets y [b, s] of this DP rank, on its device"""
-
-
-def build_run(
-    cfg: Config,
-    dims: ParallelDims,
-    data_dir: Path,
-    *,
-    device: torch.device | str = "cpu",
-    log: bool = False,
-    observers: Sequence[Any] = (),
-) -> Run:
-    """Build this rank's run of `cfg` on the built mesh `dims`, in order (module docstring).
-    `log`: this rank prints and writes the run's files (rank 0); `observers`: extra observers of
-    the TP policy after the config's own (e.g. `GradFidelity`). Collective: every rank calls it."""
-    device, t = torch.device(device), cfg.train
-    train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
-    val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
-    # Megatron-style padding so the vocabulary shards evenly (build.model_vocab); a checkpoint's
-    # padded logits are masked out of the loss (loss_vocab), so it trains as the unpadded model.
-    vocab, loss_vocab = model_vocab(cfg, train_ds.vocab_size)
-    policies = {"tp": build_policy(cfg), **{a: build_axis_policy(cfg, a) for a in ("pp", "dp")}}
-    full, m = build_model(cfg, vocab), cfg.model  # 1. the full model, the same on every rank
-    fpt = flops_per_token(full, m.n_layer, m.n_head * m.head_size, m.seq_len)  # for MFU
-    par = parallelize(full, dims, policies, parallel_options(cfg, device))  # 2.-5. TP, PP, DP, engine
-    opt = build_stage_optimizer(cfg, par.stage, dims.group("dp"), par.fp32_init)  # 6. AdamW (ZeRO)
-    wing = build_wing(  # 7. the TP policy's observers: calibration, auto policy, telemetry, capture
-        cfg, policies["tp"], tp_group=dims.group("tp"), device=device, log=log, extra=tuple(observers),
-        decides=dims.dp_rank == 0 and dims.tp_rank == 0, captures=dims.tp_rank == 0 and dims.dp_rank == 0,
-    )  # fmt: skip
-    return Run(cfg, dims, device, log, (train_ds, val_ds), loss_vocab, fpt, policies, par, opt, wing)
 
 
 class Run:
@@ -113,8 +91,11 @@ class Run:
         par: Parallelized,
         opt: Any,
         wing: Wing,
+        dtype: torch.dtype,
     ) -> None:
-        self.cfg, self.dims, self.device, self.log = cfg, dims, device, log
+        """Built by `taco.train.build.build_run`: the pieces, in the order they were built;
+        `dtype`: the training dtype (bf16 or fp32)."""
+        self.cfg, self.dims, self.device, self.log, self.dtype = cfg, dims, device, log, dtype
         self.train_ds, self.val_ds = data
         self.loss_vocab, self.flops_per_token = loss_vocab, flops_per_token
         self.policies, self.policy = policies, policies["tp"]

@@ -1,6 +1,6 @@
 """The training loop of one rank of a (dp, pp, tp) mesh: steps, evaluation, checkpoints, metrics.
 
-The run is built by `taco.train.run.build_run` (model -> TP/SP -> PP -> DP/FSDP -> optimizer ->
+The run is built by `taco.train.build.build_run` (model -> TP/SP -> PP -> DP/FSDP -> optimizer ->
 compression policy and its observers); `Trainer.fit()` is the loop over its steps, in the manner of
 picotron's train.py: step, let the observers act, evaluate, checkpoint, log. `taco.train.launch`
 only starts the ranks and their process group. Rank 0 logs to stdout, `metrics.jsonl` and
@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 
 from taco.parallel import ParallelDims
-from taco.train.build import AXES, train_dtype
+from taco.train.build import build_run
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, config_to_toml
 from taco.train.metrics import MetricsLogger
 from taco.train.perf import device_peak_flops
-from taco.train.run import STAT_KEYS, Run, build_run
+from taco.train.run import AXES, STAT_KEYS, Run
 from taco.train.window import StepRecords
 
 
@@ -77,7 +77,7 @@ class Trainer:
             f"codecs: tp={c.tp_codec} pp={c.pp_codec} dp={run.dp_codecs()} out={self.out_dir}",
             flush=True,
         )
-        peak, source = device_peak_flops(run.device, train_dtype(cfg), cfg.train.peak_tflops)
+        peak, source = device_peak_flops(run.device, run.dtype, cfg.train.peak_tflops)
         print(f"[taco] MFU against {source}", flush=True)
         return peak
 
