@@ -189,7 +189,7 @@ def build_run(
     """Build this rank's run of `cfg` on the built mesh `dims`, in order (module docstring).
     `log`: this rank prints and writes the run's files (rank 0); `observers`: extra observers of
     the TP policy after the config's own (e.g. `GradFidelity`). Collective: every rank calls it."""
-    device, t = torch.device(device), cfg.train
+    device, t, dtype = torch.device(device), cfg.train, train_dtype(cfg)
     train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
     val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
     # Megatron-style padding so the vocabulary shards evenly (build.model_vocab); a checkpoint's
@@ -198,11 +198,11 @@ def build_run(
     policies = {"tp": build_policy(cfg), **{a: build_axis_policy(cfg, a) for a in ("pp", "dp")}}
     full, m = build_model(cfg, vocab), cfg.model  # 1. the full model, the same on every rank
     fpt = flops_per_token(full, m.n_layer, m.n_head * m.head_size, m.seq_len)  # for MFU
-    par = parallelize(full, dims, policies, parallel_options(cfg, device))  # 2.-5. TP, PP, DP, engine
-    opt = build_stage_optimizer(cfg, par.stage, dims.group("dp"), par.fp32_init)  # 6. AdamW (ZeRO)
-    wing = build_wing(  # 7. the TP policy's observers: calibration, auto policy, telemetry, capture
+    par = parallelize(full, dims, policies, parallel_options(cfg, device))  # 2.-6. TP, PP, DP, engine
+    opt = build_stage_optimizer(cfg, par.stage, dims.group("dp"), par.fp32_init)  # 7. AdamW (ZeRO)
+    wing = build_wing(  # 8. the TP policy's observers: calibration, auto policy, telemetry
         cfg, policies["tp"], tp_group=dims.group("tp"), device=device, log=log, extra=tuple(observers),
         decides=dims.dp_rank == 0 and dims.tp_rank == 0, captures=dims.tp_rank == 0 and dims.dp_rank == 0,
     )  # fmt: skip
     data = (train_ds, val_ds)
-    return Run(cfg, dims, device, log, data, loss_vocab, fpt, policies, par, opt, wing, train_dtype(cfg))
+    return Run(cfg, dims, device, log, data, loss_vocab, fpt, policies, par, opt, wing, dtype)
