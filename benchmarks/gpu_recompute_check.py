@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.procs import free_port
-from taco.train.trainer import Trainer
 
 SHAPE = ["--model.n_layer=8", "--model.hidden=512", "--model.n_head=8", "--model.seq_len=512",
          "--train.batch_size=8", "--train.dtype=bf16", "--parallel.tp=1", "--train.steps=3"]  # fmt: skip
@@ -41,16 +41,16 @@ SMALL = ["--model.hidden=128", "--model.seq_len=128", "--train.batch_size=4"]
 def one(mode: str, device: str, extra: list[str]) -> dict:
     over = [*SHAPE, *extra, f"--train.recompute={mode}", f"--train.device={device}"]
     cfg = load_config("configs/demo.toml", over)
-    tr = Trainer(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), False, device=device)
+    tr = build_run(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), device=device)
     sh = P.build_shapes(cfg, tr.train_ds.vocab_size)
-    losses = [tr.train_step().loss for _ in range(2)]
+    losses = [tr.step().loss for _ in range(2)]
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     with SavedBytes(tr.stage) as saved:
-        losses.append(tr.train_step().loss)
+        losses.append(tr.step().loss)
     seconds = time.perf_counter() - t0
     mem = P.memory(cfg, sh)[0]
     return {

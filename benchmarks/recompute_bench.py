@@ -30,10 +30,10 @@ import torch.multiprocessing as mp
 
 from taco.bench.cluster_noise import t95
 from taco.parallel.recompute import SavedBytes
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 from taco.train.procs import free_port
-from taco.train.trainer import Trainer
 
 MODES = ("none", "full", "selective")
 
@@ -44,16 +44,16 @@ def _one(args: argparse.Namespace, codec: str, mode: str, n_layer: int) -> dict:
         [f"--model.n_layer={n_layer}", f"--compression.tp_codec={codec}", f"--train.recompute={mode}",
          f"--train.steps={args.steps}", "--train.out_dir=/tmp/taco-recompute-bench"],
     )  # fmt: skip
-    tr = Trainer(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), False, device="cpu")
+    tr = build_run(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), device="cpu")
     losses, times, cpu, saved, again = [], [], [], 0, 0.0
     for i in range(args.steps):
         if i == 0:
             with SavedBytes(tr.stage) as c:
-                st = tr.train_step()
+                st = tr.step()
             saved = c.bytes
         else:
             c0 = time.process_time()
-            st = tr.train_step()
+            st = tr.step()
             cpu.append(time.process_time() - c0)
             times.append(st.seconds)
         losses.append(st.loss)

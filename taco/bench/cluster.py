@@ -110,26 +110,26 @@ def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
     """The training loop of one rank; per-step TP bytes and phase times from the TP policy's stats."""
     import torch.distributed as dist
 
-    from taco.train.trainer import Trainer
+    from taco.train.build import build_run
 
-    tr = Trainer(cfg, cfg.parallel.dims().build(), data_dir, False)
-    stats = tr.policy.stats
+    run = build_run(cfg, cfg.parallel.dims().build(), data_dir)
+    stats = run.policy.stats
     keys = ("wire_bytes", "raw_bytes", *PHASES)
     steps = []
-    while tr.step < cfg.train.steps:
+    while run.iteration < cfg.train.steps:
         before = stats.total()
-        st = tr.train_step()
+        st = run.step()
         after = stats.total()
         delta = {k: getattr(after, k) - getattr(before, k) for k in keys}
         steps.append(dict(step_s=st.seconds, loss=st.loss, **delta))
-        for hook in tr.step_hooks:  # compression.when = "auto" decides here, outside the timed step
-            hook(tr, dict(step=tr.step, step_s=st.seconds, loss=st.loss))
+        # compression.when = "auto" decides here, outside the timed step
+        run.end_step(dict(step=run.iteration, step_s=st.seconds, loss=st.loss))
     sites = {
         n: dict(calls=s.calls, raw_bytes=s.raw_bytes, wire_bytes=s.wire_bytes) for n, s in stats.sites.items()
     }
-    if tr.auto is not None and dist.get_rank() == 0:
-        print(tr.auto.format_table(), flush=True)
-    return dict(steps=steps, val_loss=tr.evaluate(), sites=sites)
+    if run.wing.auto is not None and dist.get_rank() == 0:
+        print(run.wing.auto.format_table(), flush=True)
+    return dict(steps=steps, val_loss=run.evaluate(), sites=sites)
 
 
 def _rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,6 @@ rank holds [b, s/tp, h]): TP rank t of stage i sends to TP rank t of stage i+1.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -45,7 +44,8 @@ from taco import comm
 from taco.codec import Codec
 
 from .dims import ParallelDims
-from .fully_sharded import is_fully_sharded, local_tensor, set_gradient_sync
+from .dp_sync import DPSync, NoDPSync
+from .fully_sharded import local_tensor
 from .tags import mark_pp_copy, tp_context
 
 Action = tuple[str, int]
@@ -243,8 +243,9 @@ def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
 class PipelineEngine:
     """Runs one step's micro-batches through this rank's stage by a schedule.
 
-    `module` is what the forward calls: the stage, or DDP(stage) (then every forward runs under
-    `no_sync` and only the step's last backward prepares DDP's gradient reduction).
+    `module` is what the forward calls: the stage, or its DP wrapper (DDP or FSDP2). `dp_sync`
+    (`taco.parallel.dp_sync`) holds the wrapper's gradient reduction back until the step's last
+    backward; the engine calls it and never asks which wrapper it has. None: nothing to sync.
     `policy` (a `taco.comm.CommPolicy`) picks the codec of sites `pp.act` and `pp.grad` and keeps
     their statistics; None: plain send/recv. `act_dtype`: the dtype activations and their gradients
     travel in between stages (the trainer passes the training dtype: bf16 training sends bf16, as
@@ -261,6 +262,7 @@ class PipelineEngine:
         dims: ParallelDims,
         *,
         module: nn.Module | None = None,
+        dp_sync: DPSync | None = None,
         policy: comm.CommPolicy | None = None,
         schedule: str = "1f1b",
         act_dtype: torch.dtype = torch.float32,
@@ -272,6 +274,7 @@ class PipelineEngine:
         self.overlap_p2p = overlap_p2p
         self.stage, self.dims, self.policy, self.schedule = stage, dims, policy, schedule
         self.module = module if module is not None else stage
+        self.dp_sync = dp_sync if dp_sync is not None else NoDPSync()
         self.act_dtype, self.autocast = act_dtype, autocast
         # where received activations, gradients and the loss live (default: the stage's parameters)
         self.device = torch.device(device) if device is not None else next(stage.parameters()).device
@@ -338,9 +341,7 @@ class PipelineEngine:
         outputs: dict[int, torch.Tensor] = {}
         grads: dict[int, torch.Tensor] = {}
         total = torch.zeros((), dtype=torch.float32, device=self.device)
-        is_ddp = isinstance(self.module, nn.parallel.DistributedDataParallel)
-        ddp = self.module if train and is_ddp else None
-        fsdp = train and is_fully_sharded(self.module)  # gathers once, reduce-scatters at the end
+        sync = self.dp_sync if train else NoDPSync()  # DP reduces once, after the last backward
         module = self.module if train else self.stage
         last_bwd = n_micro - 1
         def send_tensor(kind: str, k: int) -> torch.Tensor:
@@ -374,7 +375,7 @@ class PipelineEngine:
             elif kind == "fwd":
                 inp = xs[k] if self.stage.is_first else inputs[k]
                 amp = torch.autocast(x.device.type, torch.bfloat16, enabled=self.autocast)
-                with amp, ddp.no_sync() if ddp is not None else nullcontext():
+                with amp, sync.forward():
                     out = module(inp, positions)
                 if self.stage.is_last:
                     out = loss_fn(out, ys[k]) / n_micro  # scalar
@@ -388,10 +389,7 @@ class PipelineEngine:
                 self._send(send_tensor(kind, k), _WHAT[kind], policy)
                 sent(kind, k)
             elif kind == "bwd":
-                if ddp is not None and k == last_bwd:  # the step's last backward reduces over DP
-                    ddp.reducer.prepare_for_backward([outputs[k]])
-                if fsdp:
-                    set_gradient_sync(self.module, k == last_bwd)
+                sync.before_backward(outputs[k], k == last_bwd)
                 _backward(outputs.pop(k), grads.pop(k, None))
         if self.group is not None:  # the loss lives on the last stage; share it with the others
             dist.all_reduce(total, group=self.group)

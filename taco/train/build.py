@@ -1,13 +1,21 @@
-"""What a run is built from: the model, the communication policies, the learning-rate schedule.
+"""How a run is built: `build_run`, top to bottom, and the pieces it is built from.
 
-Why this file exists: these are pure functions of the config (no loop state), shared by the
-trainer and by the benchmarks and tests that build one piece of a run; keeping them apart keeps
-`trainer.py` about the loop.
+Why this file exists: a reader following a run finds its construction in one place, in order
+(picotron's train.py, torchtitan's parallelize_llama):
+
+    data -> model -> TP/SP plan -> PP stage -> recompute, device, dtype -> DP/FSDP -> optimizer
+         -> compression policy and its observers (the adaptive wing)
+
+`build_run` does exactly that and returns a `taco.train.run.Run`; the pieces above it are pure
+functions of the config (no loop state), shared with the benchmarks and tests that build one
+piece of a run. The trainer, the cluster benchmark and the tests all build runs through
+`build_run` (docs/design.md 2.0).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +24,12 @@ from torch import nn
 from taco.codec import build_codec
 from taco.comm import CommPolicy
 from taco.parallel.dims import ParallelDims
+from taco.parallel.parallelize import ParallelOptions, parallelize
+from taco.train.adaptive import build_wing
 from taco.train.config import Config
+from taco.train.data import TokenDataset
+from taco.train.perf import flops_per_token
+from taco.train.run import AXES, Run
 
 VOCAB_MULTIPLE = 128
 """Vocabularies are padded to a multiple of this (Megatron's make-vocab-size-divisible-by)."""
@@ -105,74 +118,30 @@ def build_policy(cfg: Config, axis: str = "tp") -> CommPolicy:
     )  # fmt: skip
 
 
-def sent_bytes(policy: CommPolicy, recompute: bool = False) -> tuple[int, int]:
-    """(wire, raw) bytes this rank sent through `policy` (receiving sites `*.recv` excluded);
-    `recompute`: those that activation recompute re-sent, counted apart."""
-    stats = policy.recompute_stats if recompute else policy.stats
-    sites = [s for name, s in stats.sites.items() if not name.endswith(".recv")]
-    return sum(s.wire_bytes for s in sites), sum(s.raw_bytes for s in sites)
-
-
-AXES = ("tp", "pp", "dp")
-
-
-def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup, then cosine decay from train.lr to train.min_lr."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
-
-
 def train_dtype(cfg: Config) -> torch.dtype:
     """The compute dtype of `train.dtype`; pipeline activations and their gradients travel in it."""
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.dtype.value]
 
 
-def shard_data_parallel(cfg: Config, dims: ParallelDims, stage: nn.Module, policy: CommPolicy) -> nn.Module:
-    """`parallel.dp_shard`: FSDP2 over the DP group (`taco.parallel.fully_sharded`), each of the
-    stage's transformer blocks its own parameter group. Mixed precision from `train.dtype`: bf16
-    gathers bf16 weights and reduces fp32 gradients (the fp32 shards stay the optimizer's); fp32
-    changes nothing. Codecs: `compression.dp_weight_codec` / `dp_grad_codec` (/ `dp_grad_intra_codec`
-    within a node of `parallel.dp_ranks_per_node` ranks). Collective: every rank calls it."""
-    from taco.parallel.fully_sharded import dp_node_groups, fully_shard_stage
-
-    c, p = cfg.compression, cfg.parallel
-    bf16 = cfg.train.dtype.value == "bf16"
-    layers = stage.model.layers
-    return fully_shard_stage(
-        stage,
-        [layers[i] for i in stage.layers],
-        dims.group("dp"),
-        weight_codec=c.dp_weight_codec,
-        grad_codec=c.dp_grad_codec,
-        grad_intra_codec=c.dp_grad_intra_codec or None,
-        node_groups=dp_node_groups(dims, p.dp_ranks_per_node),
-        policy=policy,
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-    )
-
-
-def prepare_stage(cfg: Config, stage: nn.Module, model: nn.Module, sharded: bool) -> dict[int, torch.Tensor]:
-    """`train.compile`: torch.compile each block of the stage (the TP regions are custom ops,
-    `taco.parallel.compiled_ops`, so a block is one graph; the wgrad overlap is turned off).
-    bf16 with `train.mixed_precision = "master"` (not FSDP2, which has its own): cast the stage to
-    bf16 and return the fp32 init by parameter id, where the masters start; else {}."""
-    from taco.parallel.tags import tp_context
-
-    t = cfg.train
-    if t.compile:
-        if (ctx := tp_context(model)) is not None:
-            ctx.overlap_wgrad = False
-        for i in stage.layers:
-            stage.model.layers[i].compile()
-    if t.dtype.value != "bf16" or t.mixed_precision.value != "master" or sharded:
-        return {}
-    fp32_init = {id(q): q.detach().clone() for q in stage.parameters()}
-    stage.to(torch.bfloat16)  # the same Parameter objects, now bf16
-    return fp32_init
+def parallel_options(cfg: Config, device: torch.device | str) -> ParallelOptions:
+    """How `taco.parallel.parallelize` applies each parallelism, from `[parallel]`, `[train]` and
+    the DP codecs of `[compression]`. bf16 with `train.mixed_precision = "master"`: the stage is cast
+    to bf16 and the fp32 init kept for the masters; "autocast": each forward under bf16 autocast;
+    FSDP2 (`parallel.dp_shard`) gathers bf16 weights and reduces fp32 gradients instead."""
+    c, p, t = cfg.compression, cfg.parallel, cfg.train
+    bf16, mp = t.dtype.value == "bf16", t.mixed_precision.value
+    return ParallelOptions(
+        device=device, comm_dtype=tp_comm_dtype(cfg), overlap_wgrad=p.overlap_tp_wgrad,
+        recompute=t.recompute.value, compile=t.compile, master_bf16=bf16 and mp == "master",
+        dp_shard=p.dp_shard, dp_codec=c.dp_codec, dp_codec_options=c.dp_codec_options,
+        overlap_dp=p.overlap_dp,
+        fsdp_codecs=dict(weight_codec=c.dp_weight_codec, grad_codec=c.dp_grad_codec,
+                         grad_intra_codec=c.dp_grad_intra_codec or None),
+        dp_ranks_per_node=p.dp_ranks_per_node,
+        fsdp_dtypes=(torch.bfloat16, torch.float32) if bf16 else (None, None),
+        schedule=p.pp_schedule.value, overlap_p2p=p.overlap_p2p, act_dtype=train_dtype(cfg),
+        autocast=bf16 and mp == "autocast",
+    )  # fmt: skip
 
 
 def build_stage_optimizer(
@@ -198,3 +167,34 @@ def build_stage_optimizer(
         return make(groups)
     fp32_sum = p.microbatches > 1 and dp_group is None
     return MasterWeightsOptimizer(groups, make, accumulate_fp32=fp32_sum, init=fp32_init)
+
+
+def build_run(
+    cfg: Config,
+    dims: ParallelDims,
+    data_dir: Path,
+    *,
+    device: torch.device | str = "cpu",
+    log: bool = False,
+    observers: Sequence[Any] = (),
+) -> Run:
+    """Build this rank's run of `cfg` on the built mesh `dims`, in order (module docstring).
+    `log`: this rank prints and writes the run's files (rank 0); `observers`: extra observers of
+    the TP policy after the config's own (e.g. `GradFidelity`). Collective: every rank calls it."""
+    device, t, dtype = torch.device(device), cfg.train, train_dtype(cfg)
+    train_ds = TokenDataset(data_dir, "train", cfg.model.seq_len, seed=t.seed)
+    val_ds = TokenDataset(data_dir, "val", cfg.model.seq_len, seed=t.seed)
+    # Megatron-style padding so the vocabulary shards evenly (build.model_vocab); a checkpoint's
+    # padded logits are masked out of the loss (loss_vocab), so it trains as the unpadded model.
+    vocab, loss_vocab = model_vocab(cfg, train_ds.vocab_size)
+    policies = {a: build_policy(cfg, a) for a in AXES}
+    full, m = build_model(cfg, vocab), cfg.model  # 1. the full model, the same on every rank
+    fpt = flops_per_token(full, m.n_layer, m.n_head * m.head_size, m.seq_len)  # for MFU
+    par = parallelize(full, dims, policies, parallel_options(cfg, device))  # 2.-6. TP, PP, DP, engine
+    opt = build_stage_optimizer(cfg, par.stage, dims.group("dp"), par.fp32_init)  # 7. AdamW (ZeRO)
+    wing = build_wing(  # 8. the TP policy's observers: calibration, auto policy, telemetry
+        cfg, policies["tp"], tp_group=dims.group("tp"), device=device, log=log, extra=tuple(observers),
+        decides=dims.dp_rank == 0 and dims.tp_rank == 0, captures=dims.tp_rank == 0 and dims.dp_rank == 0,
+    )  # fmt: skip
+    data = (train_ds, val_ds)
+    return Run(cfg, dims, device, log, data, loss_vocab, fpt, policies, par, opt, wing, dtype)

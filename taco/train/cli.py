@@ -66,7 +66,7 @@ def add_calibrate_subparser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from taco.train.calibration import CALIBRATION_FILE
+    from taco.train.adaptive.calibration import CALIBRATION_FILE
     from taco.train.launch import launch
 
     args.overrides = [*args.overrides, "--compression.calibrate=true"]
@@ -126,7 +126,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--grad-points must be >= 1 (got {args.grad_points})")
     out = Path(args.out)
     if args.grad_fidelity:
-        from taco.train.grad_fidelity import grad_fidelity
+        from taco.train.adaptive.grad_fidelity import grad_fidelity
 
         grad_fidelity(cfg, codecs, out, args.grad_points)
         print(f"[taco compare] wrote {out}/: grad_fidelity.md (the table), grad_fidelity.json, and the "

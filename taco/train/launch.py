@@ -25,7 +25,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,13 @@ import torch
 import torch.distributed as dist
 
 from taco.train import stopping
-from taco.train.calibration import check_calibration
+from taco.train.adaptive.calibration import check_calibration
 from taco.train.checkpoint import check_mesh, find_checkpoint, verify_checkpoint
 from taco.train.config import Config
 from taco.train.data import resolve_data_dir
 from taco.train.errors import RunInterrupted
 from taco.train.procs import free_port, run_ranks
 from taco.train.rundir import check_run_dir, prepare_run_dir
-
-StepHook = Callable[[Any, dict[str, Any]], None]
-"""hook(trainer, record) at each step boundary (`Trainer.step_hooks`)"""
 
 
 def resolve_device(cfg: Config, local_rank: int) -> torch.device:
@@ -80,30 +77,27 @@ def init_rank(cfg: Config, local_rank: int, **init: Any) -> torch.device:
 
 
 def run_rank(
-    cfg: Config, data_dir: Path, device: torch.device, hooks: Sequence[StepHook] = ()
+    cfg: Config, data_dir: Path, device: torch.device, observers: Sequence[Any] = ()
 ) -> dict[str, Any]:
     """The whole run on this rank (process group already initialised): build the mesh, fit.
-    `hooks` join the trainer's `step_hooks` (e.g. `taco.train.grad_fidelity.GradFidelity`)."""
-    from taco.parallel.data_parallel import close_data_parallel
+    `observers` join the run's (e.g. `taco.train.adaptive.grad_fidelity.GradFidelity`)."""
     from taco.train.trainer import Trainer
 
     dims = cfg.parallel.dims().build(timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s))
-    trainer = Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device)
-    if hooks:
-        trainer.step_hooks.extend(hooks)
+    trainer = Trainer(cfg, dims, data_dir, log=dist.get_rank() == 0, device=device, observers=observers)
     try:
         return trainer.fit()
     finally:
-        close_data_parallel(trainer.module)  # the DP hook's worker, before the groups go
+        trainer.close()  # the DP hook's worker, before the groups go
 
 
 def _spawned(
-    rank: int, world: int, port: int, cfg: Config, data_dir: Path, out: str, hooks: Sequence[StepHook]
+    rank: int, world: int, port: int, cfg: Config, data_dir: Path, out: str, observers: Sequence[Any]
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = init_rank(cfg, rank, rank=rank, world_size=world)
-    res = run_rank(cfg, data_dir, device, hooks)  # an error: reported by taco.train.procs, which exits
+    res = run_rank(cfg, data_dir, device, observers)  # an error: reported by taco.train.procs, which exits
     if rank == 0:
         with open(out, "wb") as f:
             pickle.dump(res, f)
@@ -175,9 +169,9 @@ def _check_stopped(summary: dict[str, Any], signum: int) -> dict[str, Any]:
     raise RunInterrupted(signum or signal.SIGTERM, saved=saved)
 
 
-def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
-    """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank. `hooks`: extra
-    `Trainer.step_hooks` of every rank (picklable: they travel to the spawned ranks)."""
+def launch(cfg: Config, observers: Sequence[Any] = ()) -> dict[str, Any]:
+    """Run `cfg` on its dp*pp*tp ranks: spawned locally, or as this torchrun rank. `observers`:
+    extra observers of every rank's run (picklable: they travel to the spawned ranks)."""
     from taco.train.finetune import resolve_init_from
 
     for note in resolve_init_from(cfg):  # a checkpoint decides the sizes and the tokenizer
@@ -211,7 +205,7 @@ def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 resolve_data_dir(cfg.data, prepare=True)
             dist.barrier()
             try:
-                res = run_rank(cfg, resolve_data_dir(cfg.data), device, hooks)
+                res = run_rank(cfg, resolve_data_dir(cfg.data), device, observers)
                 return _check_stopped(res, stopping.requested())
             finally:
                 dist.destroy_process_group()
@@ -221,7 +215,7 @@ def launch(cfg: Config, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.pkl")
         t0 = time.time()
-        args = (world, free_port(), cfg, data_dir, result, tuple(hooks))
+        args = (world, free_port(), cfg, data_dir, result, tuple(observers))
         signum = run_ranks(_spawned, args, world, t.out_dir)
         with open(result, "rb") as f:
             res = _check_stopped(pickle.load(f), signum)

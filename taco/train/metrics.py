@@ -1,20 +1,17 @@
-"""Rank 0's record of a run: progress lines, `metrics.jsonl`, TensorBoard, and captured TP tensors.
+"""Rank 0's record of a run: progress lines, `metrics.jsonl`, TensorBoard.
 
 Why this file exists: the trainer's loop produces one record per step; how that record is shown
-and stored (and how sampled TP tensors are saved for calibration) is kept here, so the loop in
-`trainer.py` reads as the algorithm it is.
+and stored is kept here, so the loop in `trainer.py` reads as the algorithm it is. (Captured TP
+tensors: `taco.train.adaptive.observers.TensorCapture`.)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from taco.train.build import AXES
+from taco.train.run import AXES
 
 
 class MetricsLogger:
@@ -96,19 +93,3 @@ def _open_truncated(path: Path, last_step: int):
         tmp.write_text("".join(keep))
         tmp.replace(path)
     return open(path, "a")
-
-
-def capture_fn(out: Path, every: int, step: Callable[[], int]) -> Callable[[str, torch.Tensor], None]:
-    """A TP capture hook saving the tensor of each site every `every` steps (`step()` says which).
-
-    Install it on one rank (TP rank 0 of DP replica 0): activations forward and activation
-    gradients backward land in `out/{site}.step{N}.pt`, on the CPU, for calibration and SQNR.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-
-    def capture(site: str, x: torch.Tensor) -> None:
-        n = step()
-        if n % every == 0:
-            torch.save(x.detach().to("cpu").clone(), out / f"{site}.step{n}.pt")
-
-    return capture

@@ -5,7 +5,7 @@ finished step, so that `--train.resume=true` continues from there. A signal arri
 of a step, at a different moment on each rank; the ranks must agree on the step after which they
 all stop and save (a checkpoint is collective). So a signal only records a request here; the
 trainer reads it once per step, as one more element of the step's gradient-norm and loss
-reductions (`Trainer._clip`, no collective of its own), and every rank stops after the first step
+reductions (`MeshGrads.clip`, no collective of its own), and every rank stops after the first step
 in which any rank saw one.
 
 Who receives what: the launcher of locally spawned ranks (`taco.train.procs`) keeps Ctrl-C and

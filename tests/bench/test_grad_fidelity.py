@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from taco.train.grad_fidelity import fidelity_steps, grad_fidelity
+from taco.train.adaptive.grad_fidelity import fidelity_steps, grad_fidelity
 from tests.helpers.runs import tiny
 
 
@@ -52,7 +52,7 @@ def test_the_measurement_leaves_training_alone(corpus, tmp_path):
 
 
 def test_grad_sums_count_tp_shards_once_and_replicas_once(corpus, tmp_path):
-    """The TP=2 gradient norm (`Trainer.grad_sums` of the squares) is the unsharded model's: the
+    """The TP=2 gradient norm (`Run.grad_sums` of the squares) is the unsharded model's: the
     same weights and batch at TP=1 give the same first-step norm, up to fp32 summation order."""
     from taco.train.launch import launch
 

@@ -14,9 +14,9 @@ from taco.bench import plan_report as R
 from taco.cli import main
 from taco.parallel.recompute import SavedBytes
 from taco.train import plan as P
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.trainer import Trainer
 from tests.helpers.dist import run_distributed
 from tests.helpers.runs import tiny_args
 
@@ -42,10 +42,10 @@ def _body(rank: int, world: int, args: list[str]) -> dict:
     for mode in P.MODES:
         cfg = load_config(None, [*args, f"--train.recompute={mode}"])
         dims = cfg.parallel.dims().build()
-        tr = Trainer(cfg, dims, resolve_data_dir(cfg.data), False, device="cpu")
+        tr = build_run(cfg, dims, resolve_data_dir(cfg.data), device="cpu")
         held = _hold_fp32_sums(tr.opt)
         with SavedBytes(tr.stage) as saved:
-            tr.train_step()
+            tr.step()
         sh = P.build_shapes(cfg, tr.train_ds.vocab_size)
         stage = dims.pp_rank
         params = list(tr.stage.parameters())

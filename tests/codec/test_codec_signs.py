@@ -223,9 +223,9 @@ def test_config_compare_and_cluster_take_signs(tmp_path):
     import argparse
 
     import taco.bench.cluster as cluster
+    from taco.train.adaptive.grad_fidelity import _tp_policy
     from taco.train.build import build_policy
     from taco.train.config import check_codecs, load_config
-    from taco.train.grad_fidelity import _tp_policy
 
     over = ["--compression.tp_codec=int6-hadamard", "--compression.tp_codec_options.signs=true"]
     cfg = load_config(None, over)

@@ -20,16 +20,9 @@ from taco.comm import CommPolicy
 from taco.parallel import (
     ColumnParallelLinear,
     ParallelDims,
-    PipelineEngine,
-    PipelineStage,
     RowParallelLinear,
     VocabParallelEmbedding,
-    apply_tensor_parallel,
-    embedding_group,
-    sync_tied_grads,
-    sync_tp_partial_grads,
     vocab_parallel_cross_entropy,
-    wrap_data_parallel,
 )
 from taco.parallel.data_parallel import (
     build_optimizer,
@@ -37,6 +30,7 @@ from taco.parallel.data_parallel import (
     load_optimizer_state,
     optimizer_state,
 )
+from taco.parallel.parallelize import ParallelOptions, parallelize
 from taco.parallel.tags import dp_hook_state
 from taco.train.config import load_config
 from taco.train.launch import launch
@@ -87,13 +81,11 @@ def parallel_step(
     codecs = codecs or {}
     pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=check_sizes) for a in ("tp", "pp", "dp")}
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
-    apply_tensor_parallel(model, None, dims, pol["tp"], overlap_wgrad=overlap_wgrad)
-    stage = PipelineStage(model, dims.pp_rank, pp)
-    emb = embedding_group(dims, stage.tied)
-    module = wrap_data_parallel(stage, dims.group("dp"), codecs.get("dp"), policy=pol["dp"])
-    engine = PipelineEngine(
-        stage, dims, module=module, policy=pol["pp"], schedule=schedule, overlap_p2p=overlap_p2p
+    opts = ParallelOptions(
+        overlap_wgrad=overlap_wgrad, dp_codec=codecs.get("dp"), schedule=schedule, overlap_p2p=overlap_p2p
     )
+    par = parallelize(model, dims, pol, opts)  # the trainer's build step (taco.train.build.build_run)
+    stage, module, engine = par.stage, par.module, par.engine
     tp_group = dims.group("tp")
 
     def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -101,8 +93,7 @@ def parallel_step(
 
     x, y = idx.chunk(dp)[dims.dp_rank], tgt.chunk(dp)[dims.dp_rank]
     loss = engine.train_step(x, y, n_micro, loss_fn)
-    sync_tp_partial_grads(model)
-    sync_tied_grads(stage, emb)
+    par.reduce_grads()
     if dp > 1:
         dist.all_reduce(loss, group=dims.group("dp"))
         loss /= dp

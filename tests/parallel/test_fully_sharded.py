@@ -22,16 +22,12 @@ from taco.comm import CommPolicy
 from taco.comm.compressed import aligned
 from taco.parallel import (
     ParallelDims,
-    PipelineEngine,
-    PipelineStage,
-    apply_tensor_parallel,
-    embedding_group,
     sync_tied_grads,
     sync_tp_partial_grads,
     vocab_parallel_cross_entropy,
-    wrap_data_parallel,
 )
 from taco.parallel import fully_sharded as fs
+from taco.parallel.parallelize import ParallelOptions, parallelize
 from taco.train.launch import launch
 from tests.helpers.dist import assert_close, assert_equal, run_distributed
 from tests.helpers.models import SEQ, VOCAB
@@ -42,19 +38,10 @@ def _setup(dims: ParallelDims, kind: str, sharded: bool, codecs: dict[str, str],
     torch.manual_seed(0)
     model = tiny_model(kind, n_layer)
     pol = CommPolicy(codec="none", check_sizes=False)
-    apply_tensor_parallel(model, None, dims, None)
-    stage = PipelineStage(model, dims.pp_rank, dims.pp)
-    emb = embedding_group(dims, stage.tied)
-    if sharded:
-        blocks = [model.layers[i] for i in stage.layers]
-        node = fs.dp_node_groups(dims, codecs.get("per_node", 0))
-        module = fs.fully_shard_stage(
-            stage, blocks, dims.group("dp"), weight_codec=codecs.get("w"), grad_codec=codecs.get("g"),
-            grad_intra_codec=codecs.get("gi"), node_groups=node, policy=pol,
-        )  # fmt: skip
-    else:
-        module = wrap_data_parallel(stage, dims.group("dp"), None)
-    engine = PipelineEngine(stage, dims, module=module)
+    fsdp = dict(weight_codec=codecs.get("w"), grad_codec=codecs.get("g"), grad_intra_codec=codecs.get("gi"))
+    opts = ParallelOptions(dp_shard=sharded, fsdp_codecs=fsdp, dp_ranks_per_node=codecs.get("per_node", 0))
+    par = parallelize(model, dims, {"tp": None, "pp": None, "dp": pol}, opts)
+    stage, emb, engine = par.stage, par.emb_group, par.engine
     tp_group = dims.group("tp")
 
     def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

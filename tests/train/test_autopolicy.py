@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from taco.comm import CommPolicy
-from taco.train.autopolicy import Message, SiteRecorder, Timing, decide, disagrees, predict_step_s
+from taco.train.adaptive.autopolicy import Message, SiteRecorder, Timing, decide, disagrees, predict_step_s
 from taco.train.config import load_config
 from tests.helpers.dist import run_distributed
 from tests.helpers.runs import tiny_args
@@ -45,23 +45,23 @@ def test_prediction_adds_each_changed_sites_calls_times_its_time_change():
 def test_auto_warm_up_starts_after_calibration_has_chosen_the_codecs():
     from types import SimpleNamespace
 
-    from taco.train.autopolicy import AutoPolicy
+    from taco.train.adaptive import AutoPolicy, Observers, StepEnd
 
     cfg = load_config(None, ["--compression.when=auto", "--compression.auto_warmup_steps=2"]).compression
     policy = CommPolicy(codec="taco")
-    auto = AutoPolicy(policy, None, torch.device("cpu"), cfg, log=False)
+    calibration = SimpleNamespace(sampling=True)
+    auto = AutoPolicy(policy, None, torch.device("cpu"), cfg, False, after=calibration)
+    Observers(policy).register(auto)  # the policy's observer is now the registry
     decided: list[int] = []
     now = [0]
     auto.probe = lambda: decided.append(now[0]) or {}  # type: ignore[method-assign]
-    calibration = SimpleNamespace(sampling=True)
-    trainer = SimpleNamespace(calibration=calibration)
     x, taco = torch.zeros(4, 64), policy.codec_for("s.fwd", 256, torch.float32)
     for step in range(1, 7):
         now[0] = step
         calibration.sampling = step <= 3  # calibration decides at the end of step 3
         codec = taco if step <= 3 else None  # ... and turns s.fwd to plain, say
         policy.observer("s.fwd", "all_reduce", x, codec)
-        auto(trainer, {"step": step, "step_s": 0.1})
+        auto.on_step_end(StepEnd(step, 0.1, {"step": step, "step_s": 0.1}))
     # steps 1-3 were not the warm-up: nothing recorded from them, the decision after steps 4-5
     assert decided == [5] and auto.recorder.messages == {} and auto.recorder.calls == {"s.fwd": 2}
 
@@ -100,20 +100,20 @@ def _run_with(rank: int, world: int, cfg, timings) -> dict:
     every message at its k-th probe (the last entry from then on; None: really measured)."""
     import torch.distributed as dist
 
-    from taco.parallel.data_parallel import close_data_parallel
     from taco.train.data import resolve_data_dir
     from taco.train.trainer import Trainer
 
     tr = Trainer(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), log=dist.get_rank() == 0)
+    auto = tr.run.wing.auto
     if timings is not None:
         mine = timings[rank]
-        tr.auto.measure = lambda m: Timing(*mine[min(tr.auto.redecisions, len(mine) - 1)])
+        auto.measure = lambda m: Timing(*mine[min(auto.redecisions, len(mine) - 1)])
     try:
         summary = tr.fit()
     finally:
-        close_data_parallel(tr.module)
-    specs = {s: m.codec.spec for s, m in tr.auto.recorder.messages.items()}
-    return dict(site_codecs=tr.policy.site_codecs(), summary=summary, specs=specs)
+        tr.close()
+    specs = {s: m.codec.spec for s, m in auto.recorder.messages.items()}
+    return dict(site_codecs=tr.run.policy.site_codecs(), summary=summary, specs=specs)
 
 
 def _records(out: Path) -> list[dict]:

@@ -8,7 +8,7 @@ import torch
 
 from taco.cli import main
 from taco.codec import build_codec
-from taco.train.calibration import CALIBRATION_FILE, SiteSampler, decide
+from taco.train.adaptive.calibration import CALIBRATION_FILE, SiteSampler, decide
 from taco.train.data import resolve_data_dir
 from tests.helpers.dist import run_distributed
 from tests.helpers.runs import tiny
@@ -18,20 +18,20 @@ CAL = ["--compression.calibrate=true", "--compression.calibrate_steps=2"]
 
 def _fit(rank, world, cfg, data_dir):
     """One rank of a run built in-process: fit, then what its TP policy and calibration hold."""
-    from taco.parallel.data_parallel import close_data_parallel
     from taco.train.trainer import Trainer
 
     tr = Trainer(cfg, cfg.parallel.dims().build(), data_dir, log=rank == 0)
     try:
         tr.fit()
     finally:
-        close_data_parallel(tr.module)
-    sites = sorted(n for n in tr.policy.stats.sites if n.endswith((".fwd", ".bwd")))
+        tr.close()
+    policy = tr.run.policy
+    sites = sorted(n for n in policy.stats.sites if n.endswith((".fwd", ".bwd")))
     return {
-        "site_codecs": tr.policy.site_codecs(),
+        "site_codecs": policy.site_codecs(),
         "sites": sites,
-        "sampled": tr.calibration.sampler is not None,
-        "observer": tr.policy.observer is not None,
+        "sampled": tr.run.wing.calibration.sampler is not None,
+        "observer": policy.observer is not None,
     }
 
 
@@ -153,7 +153,7 @@ def test_sampler_keeps_the_first_call_per_step_bounded_and_leaves_inputs_alone()
 
 
 def test_start_up_names_a_bad_candidate_or_calibration_file(tmp_path):
-    from taco.train.calibration import check_calibration
+    from taco.train.adaptive.calibration import check_calibration
     from taco.train.config import load_config
 
     def cfg(*a):

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from taco.train.build import train_dtype
+from taco.train.build import build_run, train_dtype
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.trainer import Trainer
 from tests.helpers.dist import run_distributed
 
 
@@ -33,12 +32,12 @@ def _args(corpus, out: Path, *mesh: str) -> list[str]:
 
 def _meta_step(rank: int, world: int, args: list[str]) -> None:
     cfg = load_config(None, args)
-    trainer = Trainer(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), False, device="cpu")
-    before = trainer._bytes()
+    trainer = build_run(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), device="cpu")
+    before = trainer.byte_counters()
     torch.set_default_device("meta")
     try:
         loss, norm = trainer.compute_gradients()  # forward, backward, TP/PP/DP communication, clipping
-        d = [a - b for a, b in zip(trainer._bytes(), before)]
+        d = [a - b for a, b in zip(trainer.byte_counters(), before)]
         wire, raw = {"tp": d[0]}, {"tp": d[1]}  # this rank's TP bytes (AXES starts with tp)
         val = trainer.evaluate()
     finally:

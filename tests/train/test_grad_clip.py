@@ -1,5 +1,5 @@
 """Gradient clipping: the global norm in fp32 from `_foreach_norm` (no float64 copies), counted over
-the mesh as `Trainer.grad_sums` counts it, and the clipping rule unchanged (scale by
+the mesh as `Run.grad_sums` counts it, and the clipping rule unchanged (scale by
 max_norm / (norm + 1e-6) above the bound, gradients untouched at or below it)."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.trainer import Trainer, sum_squares
+from taco.train.grads import sum_squares
 from tests.helpers.dist import assert_close, assert_equal, run_distributed
 from tests.helpers.runs import tiny_args
 
@@ -26,7 +27,7 @@ def test_sum_squares_is_the_fp32_sum_of_squares_of_every_dtype():
 
 def _clip_body(rank: int, world: int, args: list[str]) -> float:
     cfg = load_config(None, args)
-    tr = Trainer(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), False, device="cpu")
+    tr = build_run(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), device="cpu")
     params = list(tr.stage.parameters())
     tr.cfg.train.grad_clip = 0.0
     _, norm = tr.compute_gradients()  # the raw gradients and their global norm

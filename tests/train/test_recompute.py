@@ -7,24 +7,24 @@ import pytest
 import torch
 
 from taco.parallel.recompute import SavedBytes
+from taco.train.build import build_run
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.trainer import Trainer
 from tests.helpers.dist import run_distributed
 from tests.helpers.runs import tiny_args
 
 
 def _run(args: list[str], mode: str, steps: int) -> dict:
     cfg = load_config(None, [*args, f"--train.recompute={mode}"])
-    tr = Trainer(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), False, device="cpu")
+    tr = build_run(cfg, cfg.parallel.dims().build(), resolve_data_dir(cfg.data), device="cpu")
     losses, saved = [], 0
     for i in range(steps):
         if i == 0:
             with SavedBytes(tr.stage) as counter:
-                losses.append(tr.train_step().loss)
+                losses.append(tr.step().loss)
             saved = counter.bytes
         else:
-            losses.append(tr.train_step().loss)
+            losses.append(tr.step().loss)
     tp = tr.policies["tp"]
     sites = {n: (s.calls, s.wire_bytes) for n, s in tp.stats.sites.items()}
     again = {n: (s.calls, s.wire_bytes) for n, s in tp.recompute_stats.sites.items()}

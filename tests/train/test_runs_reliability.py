@@ -129,7 +129,7 @@ def test_the_process_group_timeout_is_a_config_field(corpus, tmp_path, monkeypat
     monkeypatch.setattr(launch_mod.dist, "new_group", lambda ranks, **kw: groups.append(kw["timeout"]))
     for name, value in (("is_initialized", True), ("get_world_size", 2), ("get_rank", 0)):
         monkeypatch.setattr(launch_mod.dist, name, lambda v=value: v)
-    fake = type("T", (), {"fit": dict, "module": None})  # no DP hook worker to close
+    fake = type("T", (), {"fit": dict, "close": lambda self: None})  # no DP hook worker to close
     monkeypatch.setattr("taco.train.trainer.Trainer", lambda *a, **kw: fake())
     launch_mod.run_rank(cfg, tmp_path, torch.device("cpu"))
     assert groups == [datetime.timedelta(seconds=42)]  # the one TP group of a tp=2 mesh

@@ -157,7 +157,6 @@ def test_run_logs_per_site_sqnr_to_metrics_tensorboard_and_comm_stats(corpus, tm
 
 
 def _guarded_rank(rank, world, cfg, data_dir):
-    from taco.parallel.data_parallel import close_data_parallel
     from taco.train.trainer import Trainer
 
     lines: list[str] = []
@@ -166,12 +165,12 @@ def _guarded_rank(rank, world, cfg, data_dir):
     logging.getLogger("taco.comm").addHandler(handler)
     dims = cfg.parallel.dims().build()
     trainer = Trainer(cfg, dims, data_dir, log=rank == 0, device=torch.device("cpu"))
-    trainer.policy.set_site_codec(BAD_SITE, NoisyCodec())
+    trainer.run.policy.set_site_codec(BAD_SITE, NoisyCodec())
     try:
         trainer.fit()
     finally:
-        close_data_parallel(trainer.module)
-    return trainer.policy.site_codecs(), [x for x in lines if "fidelity guard" in x]
+        trainer.close()
+    return trainer.run.policy.site_codecs(), [x for x in lines if "fidelity guard" in x]
 
 
 def test_guard_switches_exactly_the_failing_site_after_patience(corpus, tmp_path):

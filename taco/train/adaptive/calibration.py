@@ -1,15 +1,16 @@
-"""Data-driven reshaping in training (docs/design.md 1.1, issue 14): a codec per TP site, measured.
+"""Data-driven reshaping in training (docs/design.md 1.1): a codec per TP site, measured.
 
 Why this file exists: the best (codec, group size G, grouping axis) differs per site (a down-projection
-gradient is not an attention output), and only real tensors tell. With `compression.calibrate`, a
-`SiteSampler` on the TP policy's observer copies the input of the first call of every compressed
-site (forward and backward) in each of the first `calibrate_steps` steps; after step K a step hook
-scores the candidates on those samples (`taco.codec.calibrate`: error x bytes under the floor
-`min_sqnr_db` and the budget `max_bytes_per_elem`); the rank (dp 0, tp 0) of every pipeline stage,
-the only one that samples, decides its stage's sites; every rank gathers all decisions and
-installs the same codecs with `CommPolicy.set_site_codec`, and global rank 0 writes
-`calibration.json` to the run folder and prints the table. A resumed run (or
-`compression.calibration = PATH`) applies that file before the first step and samples nothing.
+gradient is not an attention output), and only real tensors tell. With `compression.calibrate`,
+`Calibration` observes the TP policy (`taco.train.adaptive.observers`): its `SiteSampler` copies the
+input of the first call of every compressed site (forward and backward) in each of the first
+`calibrate_steps` steps; at the end of step K it scores the candidates on those samples
+(`taco.codec.calibrate`: error x bytes under the floor `min_sqnr_db` and the budget
+`max_bytes_per_elem`); the rank (dp 0, tp 0) of every pipeline stage, the only one that samples,
+decides its stage's sites; every rank gathers all decisions and installs the same codecs with
+`CommPolicy.set_site_codec`, and global rank 0 writes `calibration.json` to the run folder and
+prints the table. A resumed run (or `compression.calibration = PATH`) applies that file before
+the first step and samples nothing.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from taco.codec import GROUP_SIZES, Codec, build_codec
 from taco.codec.calibrate import calibrate
+from taco.comm import CommPolicy
 from taco.train.config import Config
 
-if TYPE_CHECKING:
-    from taco.train.trainer import Trainer
+from .observers import StepEnd
 
 CALIBRATION_FILE = "calibration.json"
 VERSION = 1
@@ -228,13 +229,14 @@ def check_calibration(cfg: Config) -> None:
 
 
 class Calibration:
-    """The trainer's calibration: applies a file at start, or samples K steps and then decides."""
+    """The run's calibration (an observer of the TP policy): applies a file at start, or samples K
+    steps and then decides. `decides`: this rank decides for its pipeline stage (TP rank 0 of DP
+    replica 0); `log`: this rank prints and writes `calibration.json` to `out_dir`."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        cfg = trainer.cfg
-        c = cfg.compression
-        self.path = trainer.out_dir / CALIBRATION_FILE
+    def __init__(self, policy: CommPolicy, cfg: Config, out_dir: Path, decides: bool, log: bool) -> None:
+        self.policy, self.decides, self.log = policy, decides, log
+        c = self.c = cfg.compression
+        self.path = out_dir / CALIBRATION_FILE
         self.sampler: SiteSampler | None = None
         self.steps = 0
         if c.calibration:
@@ -244,63 +246,63 @@ class Calibration:
         elif c.calibrate:
             self.candidates = candidate_codecs(cfg)
             self.sampler = SiteSampler(c.calibrate_steps)
-            if self._decides():  # only the deciders keep samples; every rank takes part in the hook
-                prev, mine = trainer.policy.observer, self.sampler
-                trainer.policy.observer = lambda *a: (prev and prev(*a), mine(*a))  # chained (issue 14)
-            trainer.step_hooks.append(self.on_step)
+
+    @property
+    def watches_messages(self) -> bool:
+        """Only the deciders keep samples; every rank takes part at the step's end."""
+        return self.sampler is not None and self.decides
 
     @property
     def sampling(self) -> bool:
         """Still sampling: the sites' codecs change when the K-th sampled step ends."""
         return self.sampler is not None and self.sampler.active
 
-    def _decides(self) -> bool:
-        """This rank decides for its pipeline stage: TP rank 0 of DP replica 0."""
-        return self.trainer.dims.dp_rank == 0 and self.trainer.dims.tp_rank == 0
+    def on_message(self, site: str, op: str, x: torch.Tensor, codec: Codec | None, step: int) -> None:
+        if self.sampler is not None:
+            self.sampler(site, op, x, codec)
 
     def apply(self, doc: dict[str, Any], source: str, record: bool = False) -> None:
         """Install the file's codecs on this rank's TP policy (every rank, the same file);
         `record`: rank 0 copies it to the run folder too (unless it is that file)."""
         for site, e in doc["sites"].items():
-            self.trainer.policy.set_site_codec(site, e["codec"])
-        if self.trainer.log:
+            self.policy.set_site_codec(site, e["codec"])
+        if self.log:
             print(f"[taco] calibration from {source}\n{table(doc)}", flush=True)
             if record and Path(source).resolve() != self.path.resolve():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 _write(self.path, doc)  # the run folder records what the run used; resume reuses it
 
-    def on_step(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """Step hook: collect; after K sampled steps decide, agree, install, write (collective)."""
+    def on_step_end(self, end: StepEnd) -> None:
+        """Collect; after K sampled steps decide, agree, install, write (collective)."""
         if self.sampler is None or not self.sampler.active:
             return
         self.sampler.end_step()
         self.steps += 1
-        if self.steps < trainer.cfg.compression.calibrate_steps:
+        if self.steps < self.c.calibrate_steps:
             return
         self.sampler.active = False
-        doc = self._agree(self._decide_local())
+        doc = self._agree(self._decide_local(), end.step)
         self.sampler.samples.clear()
         for site, e in doc["sites"].items():
-            trainer.policy.set_site_codec(site, e["codec"])
-        record["calibrated_sites"] = len(doc["sites"])
-        if trainer.log:
+            self.policy.set_site_codec(site, e["codec"])
+        end.record["calibrated_sites"] = len(doc["sites"])
+        if self.log:
             _write(self.path, doc)
             print(table(doc), flush=True)
 
     def _decide_local(self) -> dict[str, Any] | None:
         """This stage's decision on its decider (dp 0, tp 0): {"sites": ...} or {"error": ...}."""
-        c = self.trainer.cfg.compression
-        if not self._decides():
+        if not self.decides:
             return None
         assert self.sampler is not None
         try:
-            s = self.sampler
+            s, c = self.sampler, self.c
             sites = decide(s.samples, s.defaults, self.candidates, c.min_sqnr_db, c.max_bytes_per_elem)
             return {"sites": sites}
         except ValueError as e:  # raised on every rank below, not only here (no rank left waiting)
             return {"error": str(e)}
 
-    def _agree(self, mine: dict[str, Any] | None) -> dict[str, Any]:
+    def _agree(self, mine: dict[str, Any] | None, step: int) -> dict[str, Any]:
         """Every rank gets every stage's decision (all_gather_object over the world)."""
         got: list[Any] = [None] * dist.get_world_size() if dist.is_initialized() else [mine]
         if dist.is_initialized():
@@ -309,19 +311,13 @@ class Calibration:
         if errors:
             raise ValueError(errors[0])
         sites = {k: v for g in got if g for k, v in g["sites"].items()}
-        c = self.trainer.cfg.compression
+        c = self.c
         return {
             "version": VERSION,
             "steps": self.steps,
-            "step": self.trainer.step,
+            "step": step,
             "min_sqnr_db": c.min_sqnr_db,
             "max_bytes_per_elem": c.max_bytes_per_elem,
             "candidates": [x.spec for x in self.candidates],
             "sites": dict(sorted(sites.items())),
         }
-
-
-def attach_calibration(trainer: Trainer) -> Calibration | None:
-    """Construct the trainer's calibration when `compression.calibrate` or `.calibration` asks."""
-    c = trainer.cfg.compression
-    return Calibration(trainer) if c.calibrate or c.calibration else None

@@ -2,7 +2,7 @@
 
 Why this file exists: a compressed collective trades codec time for wire time, and which one wins
 depends on the link, the message size and the codec's speed on this machine; so the run measures it.
-During the first `auto_warmup_steps` steps (compressed as configured) an observer on the TP policy
+During the first `auto_warmup_steps` steps (compressed as configured) its observer of the TP policy
 learns each site's collective, message shape, dtype, codec and calls per step. At that step boundary
 every distinct message is timed on the real TP group, plain and compressed (`taco.comm`, so the
 codec's in-training speed counts), a few interleaved repeats after a warm-up; each rank's medians are
@@ -32,6 +32,8 @@ from taco.codec import Codec
 from taco.comm import CommPolicy
 from taco.comm.stats import sync_device
 from taco.parallel.regions import SEQ_DIM
+
+from .observers import StepEnd
 
 PROBED_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -106,7 +108,8 @@ class SiteRecorder:
 
 
 class AutoPolicy:
-    """The step hook of `compression.when = "auto"` for one rank's TP policy (see the module doc)."""
+    """`compression.when = "auto"` for one rank's TP policy (see the module doc): an observer
+    (`taco.train.adaptive.observers`) that records messages and decides at step ends."""
 
     def __init__(
         self,
@@ -115,15 +118,17 @@ class AutoPolicy:
         device: torch.device,
         cfg: Any,
         log: bool,
+        after: Any = None,
     ) -> None:
-        """`cfg`: the [compression] section (auto_* fields); `log`: this rank prints the tables."""
+        """`cfg`: the [compression] section (auto_* fields); `log`: this rank prints the tables;
+        `after`: something whose `sampling` is True while another observer is still choosing the
+        sites' codecs (calibration): the warm-up starts after it."""
         self.policy, self.group, self.device, self.log = policy, group, torch.device(device), log
         self.warmup, self.margin, self.repeats = cfg.auto_warmup_steps, cfg.auto_margin, cfg.auto_repeats
         self.check_steps, self.tolerance = cfg.auto_check_steps, cfg.auto_tolerance
         self.max_redecisions = cfg.auto_max_redecisions
         self.recorder = SiteRecorder()
-        mine, prev = self.recorder, policy.observer  # chained: other features keep observing
-        policy.observer = lambda *a: (prev and prev(*a), mine(*a))
+        self.after = after
         # probes go through a policy of their own (its statistics are not the run's) that shares the
         # run's buffer cache, slicing and size checks, so a probe allocates as training does
         self.probe_policy = CommPolicy(
@@ -143,11 +148,6 @@ class AutoPolicy:
         self.predicted_s = 0.0
         self.redecisions = 0
         self.history: list[dict[str, Any]] = []
-
-    @classmethod
-    def for_trainer(cls, trainer: Any) -> AutoPolicy:
-        """The hook of a `Trainer` whose compression.when is "auto"."""
-        return cls(trainer.policy, trainer.tp_group, trainer.device, trainer.cfg.compression, trainer.log)
 
     # -- measuring ------------------------------------------------------------------------------
     def _call(self, m: Message, x: torch.Tensor, codec: Codec | None) -> None:
@@ -191,17 +191,20 @@ class AutoPolicy:
         return {s: worst[(m.op, m.shape, m.dtype, m.codec.spec)] for s, m in msgs.items()}
 
     # -- deciding -------------------------------------------------------------------------------
-    def __call__(self, trainer: Any, rec: dict[str, Any]) -> None:
-        """The step hook: observe, decide at the end of the warm-up, check the prediction after."""
-        calibration = getattr(trainer, "calibration", None)
-        if self.phase == "observe" and calibration is not None and calibration.sampling:
+    def on_message(self, site: str, op: str, x: torch.Tensor, codec: Codec | None, step: int) -> None:
+        self.recorder(site, op, x, codec)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        """Observe, decide at the end of the warm-up, check the prediction after."""
+        rec = end.record
+        if self.phase == "observe" and self.after is not None and self.after.sampling:
             # compression.calibrate is still choosing the sites' codecs: the warm-up (and the codec
             # each site is probed with) starts from the steps after its choice
             self.recorder.messages.clear()
             self.recorder.calls.clear()
             return
         self.steps += 1
-        step_s = float(rec["step_s"])
+        step_s = float(end.step_s)
         if self.phase == "observe":
             if self.steps > 1:  # the first step carries the start-up cost
                 self.before_s.append(step_s)

@@ -14,34 +14,41 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
+from taco.codec import Codec
+from taco.comm import CommPolicy
 from taco.comm.telemetry import FidelityGuard, FidelityHistory, FidelityProbe, merge_sites
+
+from .observers import StepEnd
 
 log = logging.getLogger("taco.comm")
 
 
 class FidelityTelemetry:
-    """A `Trainer.step_hooks` entry; built with the trainer, it chains its probe onto `trainer.policy`."""
+    """An observer of the TP policy (`taco.train.adaptive.observers`): its probe measures the
+    messages of every `telemetry_every`-th step; at that step's end the ranks agree and the guard
+    may switch sites. `c`: the [compression] section; `log`: this rank logs the guard's switches."""
 
-    def __init__(self, trainer: Any) -> None:
-        c = trainer.cfg.compression
-        self.every, self.log = c.telemetry_every, trainer.log
-        self.policy = trainer.policy
+    def __init__(self, policy: CommPolicy, c: Any, log: bool) -> None:
+        self.every, self.log = c.telemetry_every, log
+        self.policy = policy
         self.probe = FidelityProbe()
         self.history = FidelityHistory()
         self.guard = FidelityGuard(c.min_sqnr_db, c.guard_patience, c.guard_fallback) if c.guard else None
-        self.probe.armed = True  # measures on the steps `_due` names: trainer.step + 1 is the one running
-        prev = self.policy.observer
-        mine = lambda *a: self.probe(*a) if self._due(trainer.step + 1) else None  # noqa: E731
-        self.policy.observer = lambda *a: (prev and prev(*a), mine(*a))
+        self.probe.armed = True  # measures on the steps `_due` names
 
     def _due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def __call__(self, trainer: Any, rec: dict[str, Any]) -> None:
-        if self._due(rec["step"]):
-            self._check(rec["step"], rec)
+    def on_message(self, site: str, op: str, x: torch.Tensor, codec: Codec | None, step: int) -> None:
+        if self._due(step):
+            self.probe(site, op, x, codec)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if self._due(end.step):
+            self._check(end.step, end.record)
 
     def _check(self, step: int, rec: dict[str, Any]) -> None:
         readings = self.probe.collect()

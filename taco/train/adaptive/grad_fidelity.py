@@ -10,8 +10,8 @@ Each is compared with the reference as one flattened vector over the whole model
     cos = <g, g_ref> / (|g| |g_ref|),    rel_err = |g - g_ref| / |g_ref|
 
 with TP-sharded parameters summed over their shards, replicated ones counted once
-(`Trainer.grad_sums`). The gradients are the raw ones (clipping off, every codec's norm differs).
-Same batch and weights: each pass reseeds with the step (`Trainer.compute_gradients`), so dropout
+(`Run.grad_sums`). The gradients are the raw ones (clipping off, every codec's norm differs).
+Same batch and weights: each pass reseeds with the step (`Run.compute_gradients`), so dropout
 masks repeat too; the optimiser does not step between the passes. A codec bit-identical to the
 plain collective (`none`) gives cos = 1 and rel_err = 0 exactly.
 
@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from taco.parallel import fully_sharded
-from taco.parallel.tags import tp_context
 from taco.train.build import build_policy
 from taco.train.config import Config
+
+from .observers import Gradients, StepEnd
 
 REFERENCE = "none"
 
@@ -53,39 +54,37 @@ def _tp_policy(cfg: Config, codec: str):
 
 
 class GradFidelity:
-    """A `Trainer.step_hooks` hook: at `steps`, each codec's gradient against the plain one.
+    """A step observer (`taco.train.adaptive.observers`): at `steps`, each codec's gradient against
+    the plain one, through the run's `Gradients` view.
 
     Adds `grad_cos/{codec}`, `grad_rel_err/{codec}` and `grad_loss/{codec}` (the compressed forward's
     loss) to the step's record. Collective: every rank of the mesh runs it. Picklable until first
     called (the policies are built on the rank)."""
 
-    def __init__(self, codecs: list[str], steps: list[int]) -> None:
-        self.codecs, self.steps = list(codecs), set(steps)
+    def __init__(self, cfg: Config, codecs: list[str], steps: list[int]) -> None:
+        self.cfg, self.codecs, self.steps = cfg, list(codecs), set(steps)
         self.policies: dict[str, Any] | None = None
         self.reference: Any = None
 
-    def __call__(self, trainer: Any, rec: dict[str, Any]) -> None:
-        if rec["step"] not in self.steps:
+    def on_step_end(self, end: StepEnd) -> None:
+        if end.step not in self.steps:
             return
+        assert end.grads is not None, "GradFidelity measures the run's gradients"
         if self.policies is None:
-            self.reference = _tp_policy(trainer.cfg, REFERENCE)
-            self.policies = {c: _tp_policy(trainer.cfg, c) for c in self.codecs}
-        rec.update(measure(trainer, self.reference, self.policies))
+            self.reference = _tp_policy(self.cfg, REFERENCE)
+            self.policies = {c: _tp_policy(self.cfg, c) for c in self.codecs}
+        end.record.update(measure(end.grads, self.reference, self.policies))
 
 
-def measure(trainer: Any, reference: Any, policies: dict[str, Any]) -> dict[str, float]:
-    """Gradients of the trainer's current step (weights, batch) under each TP policy, compared with
+def measure(run: Gradients, reference: Any, policies: dict[str, Any]) -> dict[str, float]:
+    """Gradients of the run's current step (weights, batch) under each TP policy, compared with
     the one under `reference` (plain collectives). Leaves the gradients cleared; reads the results
     on the host."""
-    ctx = tp_context(trainer.model)
-    t = trainer.cfg.train
-    saved_policy, saved_clip = ctx.policy, t.grad_clip
-    t.grad_clip = 0.0  # the raw gradient
     out: dict[str, float] = {}
     try:
-        ctx.policy = reference
-        ref_loss, _ = trainer.compute_gradients()
-        ref = {p: p.grad.detach().clone() for p in trainer.stage.parameters() if p.grad is not None}
+        with run.tp_policy(reference):
+            ref_loss, _ = run.compute_gradients(clip=0.0)  # the raw gradient
+        ref = {p: p.grad.detach().clone() for p in run.parameters() if p.grad is not None}
         out["grad_loss/reference"] = ref_loss.item()
 
         def terms(p: torch.nn.Parameter, g: torch.Tensor) -> torch.Tensor:
@@ -93,15 +92,14 @@ def measure(trainer: Any, reference: Any, policies: dict[str, Any]) -> dict[str,
             return torch.stack([(g * r).sum(), g.square().sum(), r.square().sum(), (g - r).square().sum()])
 
         for name, policy in policies.items():
-            ctx.policy = policy
-            loss, _ = trainer.compute_gradients()
-            dot, gg, rr, dd = trainer.grad_sums(terms).tolist()  # one host read per codec
+            with run.tp_policy(policy):
+                loss, _ = run.compute_gradients(clip=0.0)
+            dot, gg, rr, dd = run.grad_sums(terms).tolist()  # one host read per codec
             out[f"grad_cos/{name}"] = dot / math.sqrt(gg * rr) if gg * rr > 0 else float("nan")
             out[f"grad_rel_err/{name}"] = math.sqrt(dd / rr) if rr > 0 else float("nan")
             out[f"grad_loss/{name}"] = loss.item()
     finally:
-        ctx.policy, t.grad_clip = saved_policy, saved_clip
-        trainer.opt.zero_grad(set_to_none=True)
+        run.zero_grad()
     return out
 
 
@@ -120,7 +118,7 @@ def grad_fidelity(cfg: Config, codecs: list[str], out: Path, points: int = 5) ->
     c.train.overwrite = True
     out.mkdir(parents=True, exist_ok=True)
     print(f"[taco compare] === grad fidelity at steps {steps}: {', '.join(codecs)} ===", flush=True)
-    summary = launch(c, hooks=[GradFidelity(codecs, steps)])
+    summary = launch(c, observers=[GradFidelity(cfg, codecs, steps)])
     recs = [json.loads(x) for x in (out / "grad-fidelity" / "metrics.jsonl").read_text().splitlines() if x]
     result = table(recs, codecs, steps)
     result["final_val_loss"] = summary["final_val_loss"]
