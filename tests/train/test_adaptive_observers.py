@@ -12,7 +12,7 @@ import torch
 from taco.comm import CommPolicy
 from taco.train.adaptive import FidelityTelemetry, Observers, StepEnd, TensorCapture
 from taco.train.config import load_config
-from tests.dist import assert_close, run_distributed
+from tests.helpers.dist import assert_close, run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 
