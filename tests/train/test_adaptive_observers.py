@@ -14,7 +14,7 @@ from taco.train.adaptive import FidelityTelemetry, Observers, StepEnd, TensorCap
 from taco.train.config import load_config
 from tests.helpers.dist import assert_close, run_distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Seen:
