@@ -3,14 +3,10 @@ no back arrows against the layering codec <- kernels <- comm <- parallel <- trai
 
 from pathlib import Path
 
-import pytest
-
 from benchmarks.structure import analyse, main
 
 ROOT = Path(__file__).resolve().parents[1]
-# calibration reads the Trainer (an import for its type) while the trainer attaches calibration;
-# the adaptive observers, which receive a narrow view instead of the Trainer, remove this circle
-KNOWN_CIRCLES = [["taco.train.calibration", "taco.train.trainer"]]
+
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -47,12 +43,6 @@ def test_no_back_arrows():
     assert back == [], "\n".join(f"{m} imports {d}" for m, d in back)
 
 
-def test_no_import_circles_but_the_known_one():
-    mods, pkgs, _, _ = analyse(ROOT / "taco")
-    assert [c for c in mods if c not in KNOWN_CIRCLES] == [] and pkgs == []
-
-
-@pytest.mark.xfail(strict=False, reason="the calibration <-> trainer circle (KNOWN_CIRCLES) is still there")
 def test_no_import_circles():
     mods, pkgs, _, _ = analyse(ROOT / "taco")
-    assert mods == [] and pkgs == []
+    assert mods == [] and pkgs == [], (mods, pkgs)
