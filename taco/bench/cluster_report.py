@@ -67,12 +67,13 @@ def format_report(report: ClusterReport) -> str:
         for r in (r for r in report.rows if r.mode == mode):
             link = f"{r.rate_mbit:g} Mb/s" if r.rate_mbit else "uncapped"
             base = r.codec == "none"
+            no_ideal = base or r.codec == CONTROL or is_peer(r.codec)
             s = r.run
             model_ms = float("nan") if r.model_step_s is None else r.model_step_s * 1e3
             lines.append(
                 f"{link:>10} {r.codec:<14} {s.step_s * 1e3:>9.1f} {s.tokens_per_s:>7.0f} "
                 f"{r.f:>5.2f} {_fmt(r.f_cap, '>5.2f')} {r.r:>5.2f} {r.speedup:>7.2f} {ci_text(r):>11} "
-                f"{r.ideal:>6.2f} {'-' if base or r.codec == CONTROL else format(r.of_ideal, '>7.1%'):>8} "
+                f"{r.ideal:>6.2f} {'-' if no_ideal else format(r.of_ideal, '>7.1%'):>8} "
                 f"{_fmt(model_ms, '>9.1f')} "
                 f"{_fmt(r.model_err_pct, '>+6.1f')} {s.val_loss:>8.4f} "
                 f"{'-' if base else format(r.val_gap_pct, '>+6.3f'):>6} "
@@ -112,8 +113,8 @@ def format_markdown(report: ClusterReport) -> str:
             err = f"{base.model_err_pct:+.1f}% / {r.model_err_pct:+.1f}%"
         speed = f"{NO_EFFECT} ({r.speedup:.2f}x)" if r.no_effect else f"**{r.speedup:.2f}x**"
         cells = [r.mode, f"{r.rate_mbit:g}", f"{base.run.step_s * 1e3:.0f}", f"{r.f:.2f}",
-                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", speed, ci_text(r),
-                 f"{r.ideal:.2f}x", f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
+                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", speed, ci_text(r), f"{r.ideal:.2f}x",
+                 "-" if is_peer(r.codec) else f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
         if several:
             cells.insert(4, r.codec)
         if peers:

@@ -101,11 +101,13 @@ def unavailable(name: str) -> str | None:
 
 class _CountCollectives(TorchDispatchMode):
     """Counts the all-reduces dispatched while active (c10d's and the functional ones), by dtype
-    and size: calls and the bytes one rank sends in a ring all-reduce, 2 (n - 1) / n of each."""
+    and size: calls and the bytes one rank sends in a ring all-reduce, 2 (n - 1) / n of each;
+    `tp_bytes`: those of the TP messages proper (`tp_numel` elements, the sites the project's byte
+    counters see; the loss's small all-reduces are left out there as here)."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, tp_numel: int) -> None:
         super().__init__()
-        self.world = world
+        self.world, self.tp_numel, self.tp_bytes = world, tp_numel, 0
         self.sites: dict[str, dict[str, float]] = defaultdict(lambda: dict(calls=0, raw_bytes=0))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -119,6 +121,8 @@ class _CountCollectives(TorchDispatchMode):
                 site["calls"] += 1
                 site["raw_bytes"] += 2 * (self.world - 1) * n // self.world
                 site["wire_bytes"] = site["raw_bytes"]  # uncompressed
+                if t.numel() == self.tp_numel:
+                    self.tp_bytes += 2 * (self.world - 1) * n // self.world
         return func(*args, **(kwargs or {}))
 
 
@@ -326,7 +330,8 @@ def train_peer(name: str, cfg: Any, data_dir: Path) -> dict[str, Any]:
     def batch(ds: TokenDataset, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return ds.get_batch(k, t.batch_size, 0, 1)
 
-    counter = _CountCollectives(dist.get_world_size(group))
+    tp_numel = t.batch_size * cfg.model.seq_len * cfg.model.hidden  # one TP message: [b, s, h]
+    counter = _CountCollectives(dist.get_world_size(group), tp_numel)
     steps, per_step = [], dict(wire_bytes=0.0, raw_bytes=0.0)
     for step in range(t.steps):
         counting = step == 0
@@ -343,8 +348,7 @@ def train_peer(name: str, cfg: Any, data_dir: Path) -> dict[str, Any]:
         lo = _local(loss).item()
         dt = time.perf_counter() - t0
         if counting:
-            per_step["raw_bytes"] = float(sum(s["raw_bytes"] for s in counter.sites.values()))
-            per_step["wire_bytes"] = per_step["raw_bytes"]
+            per_step["raw_bytes"] = per_step["wire_bytes"] = float(counter.tp_bytes)
         steps.append(dict(step_s=dt, loss=lo, comm_s=0.0, encode_s=0.0, decode_s=0.0, **per_step))
     with torch.no_grad(), context():
         batches = map(partial(batch, val_ds), range(t.eval_steps))
