@@ -129,7 +129,7 @@ class _CountCollectives(TorchDispatchMode):
 # ----------------------------------------------------------------------------- the models
 
 
-def _megatron_model(cfg: Any, vocab: int, group: Any) -> tuple[nn.Module, Callable, Callable]:
+def _megatron_model(cfg: Any, vocab: int, device: torch.device) -> tuple[nn.Module, Callable, Callable]:
     """The config's GPT in Megatron-Core layers: (model, loss(logits, y), is_sharded(param))."""
     import megatron.core.parallel_state as ps
     from megatron.core.model_parallel_config import ModelParallelConfig
@@ -181,13 +181,14 @@ def _megatron_model(cfg: Any, vocab: int, group: Any) -> tuple[nn.Module, Callab
             self.lm_head = ColumnParallelLinear(h, vocab, **tied)
 
         def forward(self, idx: torch.Tensor) -> torch.Tensor:
-            x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))  # all-reduce: [b, s, h]
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.tok_emb(idx) + self.pos_emb(pos)  # all-reduce: [b, s, h]
             for layer in self.layers:
                 x = layer(x)
             return self.lm_head(self.norm(x), weight=self.tok_emb.weight)[0]  # [b, s, V/tp]
 
     torch.manual_seed(cfg.train.seed)
-    model = MegatronGPT()
+    model = MegatronGPT().to(device)  # initialised on the CPU (the same weights on any device)
 
     def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(logits, y).mean()
@@ -203,7 +204,7 @@ def _qkv_rows(n: int, tp: int) -> torch.Tensor:
     return torch.cat(blocks)
 
 
-def _dtensor_model(cfg: Any, vocab: int, group: Any) -> tuple[nn.Module, Callable, Callable]:
+def _dtensor_model(cfg: Any, vocab: int, device: torch.device) -> tuple[nn.Module, Callable, Callable]:
     """The project's GPT under DTensor's TP plan: (model, loss(logits, y), is_sharded(param))."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -226,7 +227,8 @@ def _dtensor_model(cfg: Any, vocab: int, group: Any) -> tuple[nn.Module, Callabl
                 qkv.bias.copy_(qkv.bias[order])
     if cfg.train.dtype.value == "bf16":
         model.to(torch.bfloat16)
-    mesh = DeviceMesh("cpu", list(range(dist.get_world_size())))
+    model.to(device)
+    mesh = DeviceMesh(device.type, list(range(dist.get_world_size())))
     plan = {
         "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         "layers.*.attn.qkv": ColwiseParallel(),
@@ -285,8 +287,9 @@ class _LocalMasters:
             m.grad = None
 
 
-def train_peer(name: str, cfg: Any, data_dir: Path) -> dict[str, Any]:
-    """One rank of peer `name`'s run of `cfg`: per-step records as `cluster._train`'s, val loss, sites."""
+def train_peer(name: str, cfg: Any, data_dir: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """One rank of peer `name`'s run of `cfg` on `device` (this rank's; its process group must reach
+    it): per-step records as `cluster._train`'s, the validation loss, collective sites."""
     from taco.parallel import build_optimizer
     from taco.train.build import lr_at, model_vocab
     from taco.train.data import TokenDataset
@@ -301,7 +304,8 @@ def train_peer(name: str, cfg: Any, data_dir: Path) -> dict[str, Any]:
     if loss_vocab is not None:
         raise ValueError("the peers train a vocabulary that tp divides (no masked padding)")
     group = dist.group.WORLD
-    model, loss_fn, is_sharded = _BUILDERS[name](cfg, vocab, group)
+    device = torch.device(device)
+    model, loss_fn, is_sharded = _BUILDERS[name](cfg, vocab, device)
     context = getattr(model, "loss_context", nullcontext)
     params = list(model.parameters())
     groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": t.weight_decay},
@@ -318,9 +322,9 @@ def train_peer(name: str, cfg: Any, data_dir: Path) -> dict[str, Any]:
         """The global gradient norm (one all-reduce of the sharded parameters' sum of squares);
         gradients scaled to train.grad_clip when above it, without a host read."""
         grads = [[_local(q.grad) for q in part if q.grad is not None] for part in (sharded, replicated)]
-        s = sum_squares(grads[0], torch.device("cpu"))
+        s = sum_squares(grads[0], device)
         dist.all_reduce(s, group=group)
-        norm = (s + sum_squares(grads[1], torch.device("cpu")))[0].sqrt()  # 0-d
+        norm = (s + sum_squares(grads[1], device))[0].sqrt()  # 0-d
         if t.grad_clip > 0:
             scale = torch.where(norm > t.grad_clip, t.grad_clip / (norm + 1e-6), torch.ones_like(norm))
             for dtype in {g.dtype for g in grads[0] + grads[1]}:
@@ -328,7 +332,8 @@ def train_peer(name: str, cfg: Any, data_dir: Path) -> dict[str, Any]:
         return norm
 
     def batch(ds: TokenDataset, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return ds.get_batch(k, t.batch_size, 0, 1)
+        x, y = ds.get_batch(k, t.batch_size, 0, 1)
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     tp_numel = t.batch_size * cfg.model.seq_len * cfg.model.hidden  # one TP message: [b, s, h]
     counter = _CountCollectives(dist.get_world_size(group), tp_numel)
