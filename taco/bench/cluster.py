@@ -142,10 +142,9 @@ def _rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> dict[s
     if spec["backend"] == "auto":
         import taco.kernels  # noqa: F401 - registers the native CPU codec kernels
     cfg, data_dir = Config.from_dict(spec["config"]), Path(spec["data_dir"])
-    with gloo_rank(rank, world, port, spec["threads"], spec["timeout"]):
-        if spec.get("peer"):  # another framework's TP, uncompressed (`peers.py`)
-            return peer_runs.train_peer(spec["peer"], cfg, data_dir)
-        return _train(cfg, data_dir)
+    with gloo_rank(rank, world, port, spec["threads"], spec["timeout"]):  # a peer: another framework's TP
+        peer = spec.get("peer")
+        return peer_runs.train_peer(peer, cfg, data_dir) if peer else _train(cfg, data_dir)
 
 
 # ----------------------------------------------------------------------------- the worker (in the netns)
@@ -395,9 +394,8 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     meta, results, rates = load_sweep(args.from_json)
     args.comm = list(meta["modes"])
     runs = [r for res in results for r in res.runs]
-    labels = list(dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL)))
-    args.codecs = [c for c in labels if not peer_runs.is_peer(c)]
-    args.peers = [peer_runs.peer_name(c) for c in labels if peer_runs.is_peer(c)]
+    labels = dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL))
+    args.codecs, args.peers = peer_runs.split_labels(list(labels))
     args.rates = [res.rate_mbit for res in results if res.rate_mbit]
     args.warmup = meta["warmup"] if args.warmup is None else args.warmup
     args.burst = meta["burst"]

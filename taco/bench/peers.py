@@ -64,6 +64,11 @@ def peer_name(label_: str) -> str:
     return label_.removeprefix(PREFIX)
 
 
+def split_labels(labels: list[str]) -> tuple[list[str], list[str]]:
+    """(the codec labels, the peer names) of a saved sweep's run labels, in order."""
+    return [c for c in labels if not is_peer(c)], [peer_name(c) for c in labels if is_peer(c)]
+
+
 def runnable_peers(names: list[str]) -> tuple[list[str], list[str]]:
     """(the peers of `names` that can run here, one line per peer skipped saying why); the lines
     are printed as well."""
