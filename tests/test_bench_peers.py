@@ -145,8 +145,9 @@ def _one(rank: int, world: int, port: int, spec: dict) -> dict:
     return cluster._rank_main(rank, world, port, spec)
 
 
+@pytest.mark.parametrize("mode", ["bf16", "fp32"])
 @pytest.mark.parametrize("peer", ["megatron", "dtensor"])
-def test_peers_train_the_same_model_as_the_project(tmp_path, peer):
+def test_peers_train_the_same_model_as_the_project(tmp_path, peer, mode):
     if peer == "megatron":
         pytest.importorskip("megatron.core", reason="megatron-core not installed")
     from taco.bench.ranks import spawn_ranks
@@ -154,7 +155,7 @@ def test_peers_train_the_same_model_as_the_project(tmp_path, peer):
 
     cfg = load_config(str(cluster.ROOT / "configs" / "cluster.toml"), TINY)
     data_dir = resolve_data_dir(cfg.data, prepare=True)
-    args = argparse.Namespace(comm=["bf16"], codecs=[], threads=1, backend="eager", warmup=1, timeout=300,
+    args = argparse.Namespace(comm=[mode], codecs=[], threads=1, backend="eager", warmup=1, timeout=300,
                               repeats=1, peers=[peer])  # fmt: skip
     base_spec, peer_spec = cluster.plan_runs(cfg, args, data_dir)
     base, got = spawn_ranks(_one, 2, base_spec), spawn_ranks(_one, 2, peer_spec)
@@ -165,7 +166,8 @@ def test_peers_train_the_same_model_as_the_project(tmp_path, peer):
     assert abs(losses[0] - base["steps"][0]["loss"]) < 0.02 * base["steps"][0]["loss"]
     assert losses[-1] < losses[0]  # it learns
     assert abs(got["val_loss"] - base["val_loss"]) < 0.03 * base["val_loss"]
-    # the same TP messages, in bf16: per step exactly the bytes the project's counters see
+    # the same TP messages, in the mode's dtype: per step exactly the bytes the project's counters see
     assert got["steps"][1]["wire_bytes"] == base["steps"][1]["raw_bytes"] > 0
-    bf16 = {k: v for k, v in got["sites"].items() if k.startswith("all_reduce.bfloat16.")}
-    assert sum(v["calls"] for v in bf16.values()) == 5 * (4 * 2 + 2)  # 4 per block, embedding, head
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[mode]
+    tp = {k: v for k, v in got["sites"].items() if k == f"all_reduce.{dtype}.{2 * 32 * 64}"}
+    assert sum(v["calls"] for v in tp.values()) == 5 * (4 * 2 + 2)  # 4 per block, embedding, head

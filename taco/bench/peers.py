@@ -319,7 +319,10 @@ def train_peer(name: str, cfg: Any, data_dir: Path, device: torch.device | str =
     def make(gs: list[dict[str, Any]]) -> torch.optim.Optimizer:
         return build_optimizer(gs, None, False, lr=t.lr, betas=(t.beta1, t.beta2))
 
-    opt = _LocalMasters(groups, make)
+    # bf16: fp32 masters; fp32: plain AdamW as the project's, except over DTensor parameters, whose
+    # optimizer runs on the local shards (fp32 copies: one copy per step more than the project's)
+    masters = t.dtype.value == "bf16" or name == "dtensor"
+    opt: Any = _LocalMasters(groups, make) if masters else make(groups)
     sharded = [q for q in params if is_sharded(q)]
     replicated = [q for q in params if not is_sharded(q)]
 
