@@ -25,6 +25,8 @@ the global gradient norm (one TP all-reduce) and clipping, the optimizer, one ho
 Bytes: the peers' collectives do not pass through `taco.comm`, so a dispatch mode counts every
 all-reduce of the first step (a warm-up step, never timed) and each step records that count: a
 rank's share of a ring all-reduce, 2 (n - 1) / n of the message, the project's own accounting.
+The time inside the peers' collectives is not measured (`comm_s` = 0 in their records): f, the
+communication share of a row, is always the project's baseline's.
 """
 
 from __future__ import annotations
