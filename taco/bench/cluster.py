@@ -50,6 +50,7 @@ import torch
 from taco.codec.specs import split_specs
 
 from . import bench_main, cli_entry
+from . import peers as peer_runs
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
 from .cluster_noise import CONTROL
 from .cluster_records import MODES, LinkResult, RunRecord
@@ -75,6 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     codecs = (f'codecs; the baseline always runs; "auto": {AUTO_CODEC} with compression.when = "auto", '
               '"auto:CODEC": CODEC with it')
     p.add_argument("--codecs", type=split_specs, default=["taco"], help=codecs)
+    p.add_argument("--peers", type=_csv(str), default=[], help="uncompressed peers in the same rounds: "
+                   "megatron (Megatron-Core's TP layers), dtensor (DTensor's TP plan); skipped if missing")
     p.add_argument("--comm", type=_csv(str), default=["bf16", "fp32"], help=f"modes: {', '.join(MODES)}")
     p.add_argument("--warmup", type=int, default=None, help="first steps left out of the timing (3)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
@@ -228,6 +231,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
     specs = []
     control = [CONTROL] if getattr(args, "repeats", 1) >= 2 else []
     for mode in args.comm:
+        first = len(specs)
         for codec in ["none", *control, *[c for c in args.codecs if c not in ("none", CONTROL)]]:
             c = copy.deepcopy(cfg)
             dtype, comm_dtype = MODE_DTYPES[mode]
@@ -247,6 +251,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),
                               threads=args.threads, backend=args.backend, warmup=args.warmup,
                               timeout=min(args.timeout, 1800)))  # fmt: skip
+        specs += peer_runs.peer_specs(specs[first], getattr(args, "peers", []))  # the baseline's job
     return specs
 
 
@@ -357,7 +362,8 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     meta, results, rates = load_sweep(args.from_json)
     args.comm = list(meta["modes"])
     runs = [r for res in results for r in res.runs]
-    args.codecs = list(dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL)))
+    labels = dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL))
+    args.codecs, args.peers = peer_runs.split_labels(list(labels))
     args.rates = [res.rate_mbit for res in results if res.rate_mbit]
     args.warmup = meta["warmup"] if args.warmup is None else args.warmup
     args.burst = meta["burst"]
@@ -379,10 +385,12 @@ def run_cluster(args: argparse.Namespace) -> int:
         if args.rates:
             require_root()
         args.warmup = 3 if args.warmup is None else args.warmup
+        args.peers, args.peer_skips = peer_runs.runnable_peers(args.peers)
         cfg, results, rates = _measure(args)
     sweep = Sweep.of(cfg, modes=args.comm, codecs=args.codecs, warmup=args.warmup, burst=args.burst,
                      delay_ms=args.delay, model_codec=args.model_codec,
-                     fused_reduce=getattr(args, "fused_reduce", True))  # fmt: skip
+                     fused_reduce=getattr(args, "fused_reduce", True),
+                     peers=[peer_runs.label(n) for n in args.peers])  # fmt: skip
     report = analyse(results, sweep, rates)
     print(format_report(report))
     curves = model_curves(report, sweep)
@@ -391,7 +399,8 @@ def run_cluster(args: argparse.Namespace) -> int:
                     threads=args.threads, backend=args.backend, burst=args.burst, mtu=args.mtu,
                     delay_ms=args.delay, warmup=args.warmup, fused_reduce=sweep.fused_reduce,
                     repeats=args.repeats, block_steps=getattr(args, "block_steps", None),
-                    modes={m: MODES[m] for m in args.comm})  # fmt: skip
+                    modes={m: MODES[m] for m in args.comm}, peers=args.peers,
+                    peer_skips=getattr(args, "peer_skips", []))  # fmt: skip
         write_json(args.json, meta, results, curves, report)
         print(f"wrote {args.json}")
     if args.markdown:

@@ -11,8 +11,9 @@ rounds (the intervals of `cluster_noise.py`) still measures what is left.
 
     records = spawn_ranks(rank_round, world, dict(runs=[spec, ...], block=10))
 
-Each spec is one of `cluster.plan_runs`; every run of a round must have the same world size,
-compute threads and backend (those are the processes'). A record per run, in the specs' order.
+Each spec is one of `cluster.plan_runs` (a peer's, `peers.py`, runs beside the project's); the runs
+of a round must share world size, compute threads and backend (those are the processes'). A record
+per run, in the specs' order.
 """
 
 from __future__ import annotations
@@ -71,11 +72,22 @@ def block_order(n: int, block: int) -> list[int]:
     return list(range(n)) if block % 2 == 0 else list(range(n))[::-1]
 
 
+def make_run(spec: dict[str, Any]) -> Any:
+    """The project's trainer for a spec, or a peer's (`peers.py`) for a `peer:` spec."""
+    if spec.get("peer"):
+        from taco.train.config import Config
+
+        from .peers import PeerRun
+
+        return PeerRun(spec["peer"], Config.from_dict(spec["config"]), Path(spec["data_dir"]))
+    return TimedRun(spec)
+
+
 def train_round(specs: list[dict[str, Any]], block: int, rank: int) -> list[dict[str, Any]]:
-    """Build a trainer per spec, then step them by turns of `block` steps until all are done."""
+    """Build a run per spec, then step them by turns of `block` steps until all are done."""
     if block < 1:
         raise ValueError(f"--block-steps must be >= 1, got {block}")
-    runs = [TimedRun(s) for s in specs]
+    runs = [make_run(s) for s in specs]
     b = 0
     while not all(r.done for r in runs):
         for i in block_order(len(runs), b):
