@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU measurement of TACO-TP: one H100/H200, under 9 minutes from a cold Triton cache.
+# The one prepared GPU measurement of TACO-TP: one H100/H200, under 10 minutes from a cold Triton cache.
 #
 # What it checks and measures (each step runs under `timeout`; a failing step is recorded and the
 # next one runs; the summary table comes last, with the Triton compiles each step added):
@@ -32,9 +32,13 @@
 #                                 512, 8 x 512 tokens, bf16): bytes kept for backward and the step's
 #                                 torch.cuda.max_memory_allocated against `taco plan`, losses bit for
 #                                 bit (benchmarks/gpu_recompute_check.py)
+#   peer-step             35 s    the project's uncompressed step against Megatron-Core's TP layers on
+#                                 one GPU (configs/cluster.toml's model, tp=1, bf16 with fp32 masters,
+#                                 4 alternating rounds of 30 steps; benchmarks/gpu_peer_check.py);
+#                                 skipped, with a line, where megatron-core is not importable
 #   train-tp2             50 s    the same at --parallel.tp=2 over NCCL with the taco codec, when the
 #                                 machine has 2 GPUs (skipped, with a line, otherwise)
-#   total                530 s    at most (+ 5 s of kill grace per step); a warm run is far shorter
+#   total                565 s    at most (+ 5 s of kill grace per step); a warm run is far shorter
 # Compiles: TRITON_CACHE_DIR is a fresh folder of the run (a cold cache), and each step's count of
 # new compiled kernels (.cubin files) is in the summary; the whole script's is the last line. Sizes
 # and dtypes are runtime arguments of the kernels, so a codec compiles three kernels: 39 in all,
@@ -84,14 +88,14 @@ if [[ $DRY == 1 ]]; then
   T_SETUP=60 T_CHECK=150 T_TESTS=150 T_BW=120 T_HOST=120 T_REPLAY=150 T_LOOP=150 T_DATA=60 T_TRAIN=150
   # GPU_CHECK_SLACK=k multiplies the dry run's budgets: it checks the script's wiring, not this CPU's speed
   # (the test suite sets it, so a loaded machine does not fail it)
-  T_RECOMP=240
+  T_RECOMP=240 T_PEER=150
   k=${GPU_CHECK_SLACK:-1}
-  for v in T_SETUP T_CHECK T_TESTS T_BW T_HOST T_REPLAY T_LOOP T_DATA T_TRAIN T_RECOMP; do printf -v "$v" %d $((${!v} * k)); done
+  for v in T_SETUP T_CHECK T_TESTS T_BW T_HOST T_REPLAY T_LOOP T_DATA T_TRAIN T_RECOMP T_PEER; do printf -v "$v" %d $((${!v} * k)); done
 else
   export TRITON_INTERPRET=0 DEV=cuda FLAG= # tests/conftest.py would otherwise turn the interpreter on
   export TRAIN_STEPS=30 CORPUS_MB=1 VOCAB=2048
   T_SETUP=30 T_CHECK=90 T_TESTS=75 T_BW=50 T_HOST=25 T_REPLAY=45 T_LOOP=45 T_DATA=20 T_TRAIN=55
-  T_RECOMP=45
+  T_RECOMP=45 T_PEER=35
 fi
 # a cold Triton cache of this run's own: the compiles each step needs are counted in it
 export TRITON_CACHE_DIR=$WORK/triton-cache
@@ -192,6 +196,14 @@ step_recompute() {
     "$WORK/data_args")
 }
 
+step_peer() {
+  [[ -f $WORK/data_args ]] || { echo "KEY no data set: the train-data step failed"; exit 77; }
+  # exits 77 (skipped, with a KEY line) where megatron-core is not importable
+  # shellcheck disable=SC2046 # data_args is a list of --key=value words without spaces
+  python benchmarks/gpu_peer_check.py --device "$DEV" $FLAG $(sed 's/^/--data-arg=/; s/ / --data-arg=/g' \
+    "$WORK/data_args")
+}
+
 step_loopback() {
   python -c "import pytest" 2>/dev/null || { echo "KEY pytest is not installed"; exit 77; }
   local out=$WORK/loopback.out
@@ -220,7 +232,7 @@ step_train_tp2() {
     --train.checkpoint_interval="$TRAIN_STEPS" --train.resume=false || exit 1
   python benchmarks/gpu_check.py train-check "$run" --device cuda
 }
-export -f step_setup step_kernel_tests step_data step_train step_recompute step_loopback step_train_tp2
+export -f step_setup step_kernel_tests step_data step_train step_recompute step_peer step_loopback step_train_tp2
 
 # -- the runner ------------------------------------------------------------------------------------
 NAMES=() STATUS=() SECS=() TMOS=() RCS=() KEYS=() COMPILES=()
@@ -263,6 +275,7 @@ run_step comm-loopback "$T_LOOP" bash -c step_loopback
 run_step train-data "$T_DATA" bash -c step_data
 run_step train "$T_TRAIN" bash -c step_train
 run_step recompute "$T_RECOMP" bash -c step_recompute
+run_step peer-step "$T_PEER" bash -c step_peer
 run_step train-tp2 "$T_TRAIN" bash -c step_train_tp2
 TOTAL=$(($(date +%s) - START))
 

@@ -49,10 +49,12 @@ import torch
 
 from taco.codec.specs import split_specs
 
+from . import peers as peer_runs
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
 from .cluster_noise import CONTROL
-from .cluster_records import MODES, PHASES, LinkResult, RunRecord
+from .cluster_records import MODES, LinkResult, RunRecord
 from .cluster_report import format_markdown, format_report, load_sweep, write_json, write_plots
+from .cluster_rounds import rank_round
 from .codec import best_time
 from .netns import ROOT, NetNamespace, child_env, require_root
 from .ranks import comma_list as _csv
@@ -73,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     codecs = (f'codecs; the baseline always runs; "auto": {AUTO_CODEC} with compression.when = "auto", '
               '"auto:CODEC": CODEC with it')
     p.add_argument("--codecs", type=split_specs, default=["taco"], help=codecs)
+    p.add_argument("--peers", type=_csv(str), default=[], help="uncompressed peers in the same rounds: "
+                   "megatron (Megatron-Core's TP layers), dtensor (DTensor's TP plan); skipped if missing")
     p.add_argument("--comm", type=_csv(str), default=["bf16", "fp32"], help=f"modes: {', '.join(MODES)}")
     p.add_argument("--warmup", type=int, default=None, help="first steps left out of the timing (3)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
@@ -88,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs of each (mode, codec) per link, in alternating order (A B B A ..), pooled: "
                         "drift between runs cancels in the ratios; from 2 on the baseline also runs as "
                         "an A/A control and each speedup gets a 95%% interval (the noise floor)")  # fmt: skip
+    p.add_argument("--block-steps", type=int, default=10,
+                   help="the runs of a round share one set of rank processes and take turns of "
+                        "this many steps (A B C, C B A ..): drift cancels in the ratios")  # fmt: skip
     p.add_argument("--model-codec", choices=("inplace", "microbench"), default="inplace",
                    help="model codec cost: from the uncapped training run, or a microbenchmark")  # fmt: skip
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per link rate")
@@ -101,44 +108,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the capped rows as markdown")
     p.add_argument("--from-json", default=None, metavar="PATH", help="re-analyse a --json file, no runs")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # re-executed inside the netns
-
-
-# ----------------------------------------------------------------------------- inside a rank
-
-
-def _train(cfg: Any, data_dir: Path) -> dict[str, Any]:
-    """The training loop of one rank; per-step TP bytes and phase times from the TP policy's stats."""
-    import torch.distributed as dist
-
-    from taco.train.build import build_run
-
-    run = build_run(cfg, cfg.parallel.dims().build(), data_dir)
-    stats = run.policy.stats
-    keys = ("wire_bytes", "raw_bytes", *PHASES)
-    steps = []
-    while run.iteration < cfg.train.steps:
-        before = stats.total()
-        st = run.step()
-        after = stats.total()
-        delta = {k: getattr(after, k) - getattr(before, k) for k in keys}
-        steps.append(dict(step_s=st.seconds, loss=st.loss, **delta))
-        # compression.when = "auto" decides here, outside the timed step
-        run.end_step(dict(step=run.iteration, step_s=st.seconds, loss=st.loss))
-    sites = {
-        n: dict(calls=s.calls, raw_bytes=s.raw_bytes, wire_bytes=s.wire_bytes) for n, s in stats.sites.items()
-    }
-    if run.wing.auto is not None and dist.get_rank() == 0:
-        print(run.wing.auto.format_table(), flush=True)
-    return dict(steps=steps, val_loss=run.evaluate(), sites=sites)
-
-
-def _rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> dict[str, Any]:
-    from taco.train.config import Config
-
-    if spec["backend"] == "auto":
-        import taco.kernels  # noqa: F401 - registers the native CPU codec kernels
-    with gloo_rank(rank, world, port, spec["threads"], spec["timeout"]):
-        return _train(Config.from_dict(spec["config"]), Path(spec["data_dir"]))
 
 
 # ----------------------------------------------------------------------------- the worker (in the netns)
@@ -222,25 +191,27 @@ def _world(cfg: dict[str, Any]) -> int:
 
 
 def _worker(job_path: str) -> int:
-    """Run every job of a job file (one link rate) and write the records next to it."""
+    """Run every round of a job file (one link rate) and write the records next to it: the runs of a
+    round share one set of rank processes and take turns (`cluster_rounds.py`)."""
     job = json.loads(Path(job_path).read_text())
-    spec0 = job["runs"][0]["config"]
+    spec0 = job["rounds"][0][0]["config"]
     numel = spec0["train"]["batch_size"] * spec0["model"]["seq_len"] * spec0["model"]["hidden"]
     out = LinkResult(job["rate_mbit"], probe_link(job["rate_mbit"]), calibrate_link(_world(spec0), numel), [])
     link = f"{job['rate_mbit']:g} Mbit/s" if job["rate_mbit"] else "uncapped"
-    for spec in job["runs"]:
-        world = _world(spec["config"])
+    for specs in job["rounds"]:
+        world = _world(specs[0]["config"])
         load0 = os.getloadavg()[0]
-        rec = spawn_ranks(_rank_main, world, spec)
+        recs = spawn_ranks(rank_round, world, dict(runs=specs, block=job["block"]))
         loads = [load0, os.getloadavg()[0]]  # the 1-min load average: ~world when the box is ours
-        rec.update(mode=spec["mode"], codec=spec["codec"], rate_mbit=job["rate_mbit"], world=world)
-        run = RunRecord.from_json(dict(rec, loadavg=loads))
-        out.runs.append(run)
+        for spec, rec in zip(specs, recs):
+            rec.update(mode=spec["mode"], codec=spec["codec"], rate_mbit=job["rate_mbit"], world=world)
+            run = RunRecord.from_json(dict(rec, loadavg=loads))
+            out.runs.append(run)
+            s = run.summarize(spec["warmup"], 1)
+            print(f"[cluster] {link:>12} {spec['mode']:<8} {spec['codec']:<14} {s.step_s * 1e3:9.1f} ms/step "
+                  f"comm {s.comm_s * 1e3:8.1f} ms  val {run.val_loss:.4f}  load {s.load:.1f}",
+                  flush=True)  # fmt: skip
         Path(job["out"]).write_text(json.dumps(out.to_json()))
-        s = run.summarize(spec["warmup"], 1)
-        print(f"[cluster] {link:>12} {spec['mode']:<8} {spec['codec']:<14} {s.step_s * 1e3:9.1f} ms/step "
-              f"comm {s.comm_s * 1e3:8.1f} ms  val {run.val_loss:.4f}  load {s.load:.1f}",
-              flush=True)  # fmt: skip
     Path(job["out"]).write_text(json.dumps(out.to_json()))
     return 0
 
@@ -258,6 +229,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
     specs = []
     control = [CONTROL] if getattr(args, "repeats", 1) >= 2 else []
     for mode in args.comm:
+        first = len(specs)
         for codec in ["none", *control, *[c for c in args.codecs if c not in ("none", CONTROL)]]:
             c = copy.deepcopy(cfg)
             dtype, comm_dtype = MODE_DTYPES[mode]
@@ -274,6 +246,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),
                               threads=args.threads, backend=args.backend, warmup=args.warmup,
                               timeout=min(args.timeout, 1800)))  # fmt: skip
+        specs += peer_runs.peer_specs(specs[first], getattr(args, "peers", []))  # the baseline's job
     return specs
 
 
@@ -296,12 +269,12 @@ def _run_worker(argv: list[str], timeout: float) -> int:
             proc.wait()
 
 
-def execute(rate: float | None, specs: list[dict[str, Any]], args: argparse.Namespace) -> LinkResult:
-    """All runs at one link rate (None: the host's uncapped lo); the worker's records."""
+def execute(rate: float | None, rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> LinkResult:
+    """All rounds of runs at one link rate (None: the host's uncapped lo); the worker's records."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.json"
-        job.write_text(json.dumps(dict(rate_mbit=rate, runs=specs, out=str(out))))
+        job.write_text(json.dumps(dict(rate_mbit=rate, rounds=rounds, block=args.block_steps, out=str(out))))
         argv = [sys.executable, "-m", "taco.bench.cluster", "--worker", str(job)]
         qdisc = None
         if rate is None:
@@ -365,13 +338,15 @@ def _measure(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[str,
 
     cfg = _load_cfg(args)
     data_dir = resolve_data_dir(cfg.data, prepare=True)  # on the host: the netns has no network
-    specs = interleave(plan_runs(cfg, args, data_dir), args.repeats)
+    specs = plan_runs(cfg, args, data_dir)
+    flat = interleave(specs, args.repeats)
+    rounds = [flat[i : i + len(specs)] for i in range(0, len(flat), len(specs))]
     numel = cfg.train.batch_size * cfg.model.seq_len * cfg.model.hidden
     rates = codec_rates(args.codecs, numel, args.threads, args.backend)
-    results = [] if args.uncapped == "none" else [execute(None, specs, args)]
-    results += [execute(rate, specs, args) for rate in args.rates]
+    results = [] if args.uncapped == "none" else [execute(None, rounds, args)]
+    results += [execute(rate, rounds, args) for rate in args.rates]
     if args.uncapped == "both":  # brackets the capped runs: drift or a busy box shows as a difference
-        results.append(execute(None, specs, args))
+        results.append(execute(None, rounds, args))
     return cfg, results, rates
 
 
@@ -382,7 +357,8 @@ def _load_saved(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[s
     meta, results, rates = load_sweep(args.from_json)
     args.comm = list(meta["modes"])
     runs = [r for res in results for r in res.runs]
-    args.codecs = list(dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL)))
+    labels = dict.fromkeys(r.codec for r in runs if r.codec not in ("none", CONTROL))
+    args.codecs, args.peers = peer_runs.split_labels(list(labels))
     args.rates = [res.rate_mbit for res in results if res.rate_mbit]
     args.warmup = meta["warmup"] if args.warmup is None else args.warmup
     args.burst = meta["burst"]
@@ -403,10 +379,12 @@ def run_cluster(args: argparse.Namespace) -> int:
         if args.rates:
             require_root()
         args.warmup = 3 if args.warmup is None else args.warmup
+        args.peers, args.peer_skips = peer_runs.runnable_peers(args.peers)
         cfg, results, rates = _measure(args)
     sweep = Sweep.of(cfg, modes=args.comm, codecs=args.codecs, warmup=args.warmup, burst=args.burst,
                      delay_ms=args.delay, model_codec=args.model_codec,
-                     fused_reduce=getattr(args, "fused_reduce", True))  # fmt: skip
+                     fused_reduce=getattr(args, "fused_reduce", True),
+                     peers=[peer_runs.label(n) for n in args.peers])  # fmt: skip
     report = analyse(results, sweep, rates)
     print(format_report(report))
     curves = model_curves(report, sweep)
@@ -414,7 +392,9 @@ def run_cluster(args: argparse.Namespace) -> int:
         meta = dict(argv=sys.argv[1:], config=cfg.to_dict(), torch=torch.__version__, cpus=os.cpu_count(),
                     threads=args.threads, backend=args.backend, burst=args.burst, mtu=args.mtu,
                     delay_ms=args.delay, warmup=args.warmup, fused_reduce=sweep.fused_reduce,
-                    repeats=args.repeats, modes={m: MODES[m] for m in args.comm})  # fmt: skip
+                    repeats=args.repeats, block_steps=getattr(args, "block_steps", None),
+                    modes={m: MODES[m] for m in args.comm}, peers=args.peers,
+                    peer_skips=getattr(args, "peer_skips", []))  # fmt: skip
         write_json(args.json, meta, results, curves, report)
         print(f"wrote {args.json}")
     if args.markdown:

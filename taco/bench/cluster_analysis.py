@@ -58,6 +58,8 @@ class Sweep:
     fused_reduce: bool = True
     """whether the runs timed the all-reduce's re-encode under decode_s (the fused decode-sum-encode,
     issue 12) rather than under encode_s (sweeps saved before it: False)"""
+    peers: list[str] = dataclasses.field(default_factory=list)
+    """labels of the peer runs (`peers.label`: "peer:megatron", "peer:dtensor"), uncompressed"""
 
     @classmethod
     def of(cls, cfg: Any, **kw: Any) -> Sweep:
@@ -252,6 +254,12 @@ class ReportRow:
     """95% interval of the speedup from the paired rounds of `--repeats` (`cluster_noise.py`)"""
     noise_floor: float | None = None
     """this link's A/A half-width (`cluster_noise.py`), None without a control"""
+    best_peer: str | None = None
+    """the fastest peer run at this mode and link (lowest pooled step time), None without peers"""
+    peer_speedup: float | None = None
+    """the best peer's step time / this run's"""
+    peer_ci95: tuple[float, float] | None = None
+    """95% interval of `peer_speedup` from the paired rounds (None for the best peer itself)"""
 
     @property
     def no_effect(self) -> bool:
@@ -274,7 +282,8 @@ class ReportRow:
                  val_gap_pct=self.val_gap_pct, train_gap_pct=self.train_gap_pct,
                  curve_gap_pct=self.curve_gap_pct, curve_max_pct=self.curve_max_pct,
                  of_ideal=self.of_ideal, speedup_ci95=self.speedup_ci95, noise_floor=self.noise_floor,
-                 no_effect=self.no_effect)  # fmt: skip
+                 no_effect=self.no_effect, best_peer=self.best_peer, peer_speedup=self.peer_speedup,
+                 peer_ci95=self.peer_ci95, peer_no_effect=no_effect(self.peer_ci95))  # fmt: skip
         if self.model_step_s is not None:
             d.update(model_step_s=self.model_step_s, model_err_pct=self.model_err_pct)
         return d
@@ -331,7 +340,7 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
             base = base_rec.summarize(sweep.warmup, sweep.tokens)
             f = base.comm_s / base.step_s
             f_cap = 1 - inputs[mode].compute_s / base.step_s if mode in inputs else float("nan")
-            for codec in ["none", CONTROL, *sweep.codecs]:
+            for codec in ["none", CONTROL, *sweep.codecs, *sweep.peers]:
                 rec = runs.get((mode, rate, codec))
                 if rec is None or (codec == "none" and codec in sweep.codecs):
                     continue
@@ -346,15 +355,31 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
                     pair = rounds[(mode, rate, "none")], rounds[(mode, rate, codec)]
                     row.speedup_ci95 = ratio_interval(*pair)
                 row.noise_floor = floors.get((mode, rate))
-                if mode in inputs and codec != CONTROL:
+                if mode in inputs and codec != CONTROL and codec not in sweep.peers:
                     link = link_of(res, sweep.burst, sweep.delay_ms)
                     row.model_step_s = model_step(inputs[mode], rates, codec, sweep, link)
                 rows.append(row)
+    over_best_peer(rows, rounds, sweep.peers)
     links = {
         res.rate_mbit: dict(res.calib, probe_bytes_per_s=res.probe["bytes_per_s"], rtt_s=res.probe["rtt_s"])
         for res in results
     }
     return ClusterReport(rows, checks, inputs, links, rates, max(floors.values(), default=None))
+
+
+def over_best_peer(rows: list[ReportRow], rounds: dict[tuple, list[float]], peers: list[str]) -> None:
+    """Per (mode, link): the fastest peer run, and every row's speedup over it with the 95% interval
+    of its paired rounds (`cluster_noise.ratio_interval`), set on the rows in place."""
+    for mode, rate in dict.fromkeys((r.mode, r.rate_mbit) for r in rows):
+        here = [r for r in rows if (r.mode, r.rate_mbit) == (mode, rate)]
+        runs = [r for r in here if r.codec in peers]
+        if not runs:
+            continue
+        best = min(runs, key=lambda r: r.run.step_s)
+        for r in here:
+            r.best_peer, r.peer_speedup = best.codec, best.run.step_s / r.run.step_s
+            if r is not best:
+                r.peer_ci95 = ratio_interval(rounds[(mode, rate, best.codec)], rounds[(mode, rate, r.codec)])
 
 
 def model_curves(report: ClusterReport, sweep: Sweep) -> dict[str, list[tuple[float, float]]]:

@@ -16,6 +16,7 @@ from typing import Any
 from .cluster_analysis import ClusterReport, ReportRow
 from .cluster_noise import CONTROL
 from .cluster_records import MODES, LinkResult
+from .peers import is_peer
 
 NO_EFFECT = "no effect measured"
 
@@ -24,9 +25,31 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
 
 
-def ci_text(r: ReportRow) -> str:
-    """A row's 95% speedup interval ("-" without repeated rounds)."""
-    return "-" if r.speedup_ci95 is None else f"{r.speedup_ci95[0]:.3f}-{r.speedup_ci95[1]:.3f}"
+def ci_text(r: ReportRow, peer: bool = False) -> str:
+    """A row's 95% speedup interval over the baseline (over the best peer with `peer`; "-" without
+    repeated rounds)."""
+    ci = r.peer_ci95 if peer else r.speedup_ci95
+    return "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
+
+
+def peer_text(r: ReportRow) -> str:
+    """A row's speedup over the best peer ("-" without peers)."""
+    return "-" if r.peer_speedup is None else f"{r.peer_speedup:.2f}"
+
+
+def headline(report: ClusterReport) -> list[str]:
+    """One quotable line per compressed or baseline row at each link: its speedup over the project's
+    uncompressed baseline and over the best peer, each with its 95% interval."""
+    lines = []
+    for r in report.rows:
+        if r.codec == CONTROL or r.best_peer is None or is_peer(r.codec):
+            continue
+        link = f"{r.rate_mbit:g} Mbit/s" if r.rate_mbit else "uncapped"
+        base = f"{r.speedup:.2f}x over the uncompressed baseline (95% CI {ci_text(r)}), "
+        base = "" if r.codec == "none" else base
+        peer = f"{r.peer_speedup:.2f}x over the best peer, {r.best_peer} (95% CI {ci_text(r, True)})"
+        lines.append(f"{r.codec} ({r.mode}, {link}): {base}{peer}")
+    return lines
 
 
 def format_report(report: ClusterReport) -> str:
@@ -34,7 +57,8 @@ def format_report(report: ClusterReport) -> str:
     interval contains 1.0 end in "no effect measured"; the noise floor of each link last."""
     head = (f"{'link':>10} {'codec':<14} {'step ms':>9} {'tok/s':>7} {'f':>5} {'f_cap':>5} {'r':>5} "
             f"{'speedup':>7} {'95% CI':>11} {'ideal':>6} {'of ideal':>8} {'model ms':>9} {'err %':>6} "
-            f"{'val loss':>8} {'gap %':>6} {'train gap %':>11} {'curve %':>7} {'load':>5}")  # fmt: skip
+            f"{'val loss':>8} {'gap %':>6} {'train gap %':>11} {'curve %':>7} {'load':>5} {'MB/step':>7} "
+            f"{'vs peer':>7} {'95% CI':>11}")  # fmt: skip
     lines = []
     for mode in dict.fromkeys(r.mode for r in report.rows):
         chk = report.wire_dtype.get(mode)
@@ -43,17 +67,19 @@ def format_report(report: ClusterReport) -> str:
         for r in (r for r in report.rows if r.mode == mode):
             link = f"{r.rate_mbit:g} Mb/s" if r.rate_mbit else "uncapped"
             base = r.codec == "none"
+            no_ideal = base or r.codec == CONTROL or is_peer(r.codec)
             s = r.run
             model_ms = float("nan") if r.model_step_s is None else r.model_step_s * 1e3
             lines.append(
                 f"{link:>10} {r.codec:<14} {s.step_s * 1e3:>9.1f} {s.tokens_per_s:>7.0f} "
                 f"{r.f:>5.2f} {_fmt(r.f_cap, '>5.2f')} {r.r:>5.2f} {r.speedup:>7.2f} {ci_text(r):>11} "
-                f"{r.ideal:>6.2f} {'-' if base or r.codec == CONTROL else format(r.of_ideal, '>7.1%'):>8} "
+                f"{r.ideal:>6.2f} {'-' if no_ideal else format(r.of_ideal, '>7.1%'):>8} "
                 f"{_fmt(model_ms, '>9.1f')} "
                 f"{_fmt(r.model_err_pct, '>+6.1f')} {s.val_loss:>8.4f} "
                 f"{'-' if base else format(r.val_gap_pct, '>+6.3f'):>6} "
                 f"{'-' if base else format(r.train_gap_pct, '>+11.3f'):>11} "
-                f"{'-' if base else format(r.curve_gap_pct, '>+7.3f'):>7} {_fmt(s.load, '>5.1f')}"
+                f"{'-' if base else format(r.curve_gap_pct, '>+7.3f'):>7} {_fmt(s.load, '>5.1f')} "
+                f"{s.wire_bytes / 1e6:>7.2f} {peer_text(r):>7} {ci_text(r, True):>11}"
                 + (f"  {NO_EFFECT}" if r.no_effect else "")
             )
     floors = {(r.mode, r.rate_mbit): r.noise_floor for r in report.rows if r.noise_floor is not None}
@@ -61,6 +87,8 @@ def format_report(report: ClusterReport) -> str:
         links = ", ".join(f"{m} {f'{k:g} Mb/s' if k else 'uncapped'} {v:.1%}" for (m, k), v in floors.items())
         floor = f"{report.noise_floor:.1%}"
         lines += ["", f"noise floor (the A/A control's 95% half-width): {floor}; per link: {links}"]
+    if quotes := headline(report):
+        lines += ["", "over the best peer (vs peer: the best peer's step time / the row's):", *quotes]
     return "\n".join(lines)
 
 
@@ -68,10 +96,13 @@ def format_markdown(report: ClusterReport) -> str:
     """The capped rows of every mode as one markdown table (docs/cluster_sweep.md, docs/cluster.md's)."""
     rows = report.rows
     several = len({r.codec for r in rows if r.codec != "none"}) > 1  # then each row names its codec
+    peers = any(r.best_peer for r in rows)  # then the speedup over the best peer beside the baseline's
     head = ["comm", "link Mbit/s", "baseline ms/step", "f", "TACO ms/step", "r", "speedup", "95% CI", "ideal",
             "of ideal", "model err base / codec", "val loss gap"]  # fmt: skip
     if several:
         head[4:5] = ["codec", "codec ms/step"]
+    if peers:
+        head += ["MB/step", "best peer", "over best peer", "95% CI (peer)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.codec == "none" or not r.rate_mbit:
@@ -82,14 +113,20 @@ def format_markdown(report: ClusterReport) -> str:
             err = f"{base.model_err_pct:+.1f}% / {r.model_err_pct:+.1f}%"
         speed = f"{NO_EFFECT} ({r.speedup:.2f}x)" if r.no_effect else f"**{r.speedup:.2f}x**"
         cells = [r.mode, f"{r.rate_mbit:g}", f"{base.run.step_s * 1e3:.0f}", f"{r.f:.2f}",
-                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", speed, ci_text(r),
-                 f"{r.ideal:.2f}x", f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
+                 f"{r.run.step_s * 1e3:.0f}", f"{r.r:.2f}", speed, ci_text(r), f"{r.ideal:.2f}x",
+                 "-" if is_peer(r.codec) else f"{r.of_ideal:.1%}", err, f"{r.val_gap_pct:+.2f}%"]  # fmt: skip
         if several:
             cells.insert(4, r.codec)
+        if peers:
+            over = _fmt(r.peer_speedup, ".2f") + "x" if r.peer_speedup is not None else "-"
+            cells += [f"{r.run.wire_bytes / 1e6:.2f}", r.best_peer or "-", over, ci_text(r, True)]
         lines.append("| " + " | ".join(cells) + " |")
     if report.noise_floor is not None:
         lines += ["", f"Noise floor (the baseline against itself, {CONTROL}, 95% half-width): "
                       f"{report.noise_floor:.1%}."]  # fmt: skip
+    if quotes := headline(report):
+        lines += ["", "Over the best peer (its step time / the row's; 95% intervals, paired rounds):", ""]
+        lines += [f"- {q}" for q in quotes]
     return "\n".join(lines)
 
 
@@ -110,7 +147,8 @@ def write_plots(report: ClusterReport, curves: dict[str, list[tuple[float, float
 def write_json(path: str, meta: dict[str, Any], results: list[LinkResult], curves: dict,
                report: ClusterReport) -> None:  # fmt: skip
     """The `--json` file: how the sweep ran (`meta`), the raw results per link, and their analysis."""
-    doc = dict(meta=meta, results=[r.to_json() for r in results], curves=curves, **report.to_json())
+    doc = dict(meta=meta, results=[r.to_json() for r in results], curves=curves, **report.to_json(),
+               headline=headline(report))  # fmt: skip
     Path(path).write_text(json.dumps(doc, indent=1))
 
 

@@ -73,10 +73,11 @@ def best_time(fn: Callable[[], object], repeat: int, device: torch.device) -> fl
 def grid_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32") -> taco.Codec:
     """A codec name or spec string ("int6-hadamard(signs=true)": its options win over the others)."""
     name, opts = parse_spec(spec)
-    if issubclass(CODECS[name], GroupCodec):
-        return taco.get_codec(
-            name, **{"group_size": group_size, "backend": backend, "scale_fmt": scale_fmt, **opts}
-        )
+    cls = CODECS[name]
+    if issubclass(cls, GroupCodec):
+        common = {"group_size": group_size, "backend": backend, "scale_fmt": scale_fmt}
+        pinned = getattr(cls, "PINNED", ())  # "int4-hadamard-g32": its name fixes G and the scales
+        return taco.get_codec(name, **{k: v for k, v in common.items() if k not in pinned}, **opts)
     return taco.get_codec(name, **opts)
 
 
@@ -112,8 +113,10 @@ def measure(codec: taco.Codec, x: torch.Tensor, repeat: int, group_size: int, co
     t_dec = best_time(lambda: codec.decode(packed), repeat, x.device)
     g = getattr(codec, "group_size", group_size)
     sf = getattr(codec, "scale_fmt", "fp32")
+    pinned = getattr(codec, "PINNED", ())  # its name says them: no "/G32" or "/bf16" in the label
     return {
-        "codec": label(codec.name, sf, getattr(codec, "signs", False), g if g != group_size else None),
+        "codec": label(codec.name, "fp32" if "scale_fmt" in pinned else sf, getattr(codec, "signs", False),
+                       g if g != group_size and "group_size" not in pinned else None),
         "scale_fmt": sf,
         "spec": codec.spec,
         "bytes_per_elem": packed.nbytes / n,

@@ -34,8 +34,10 @@ def _save(plt: Any, fig: Any, path: str) -> None:
 
 def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
     """One panel per comm mode: measured speedup (o, with its 95% interval when the sweep has repeated
-    rounds), ideal (x) and model (line) vs Mbit/s; the A/A control's band shaded around 1.0."""
+    rounds), ideal (x) and model (line) vs Mbit/s; the A/A control's band shaded around 1.0. With
+    peers: each peer's own speedup (^), and each codec's speedup over the best peer (hollow squares)."""
     from .cluster_noise import CONTROL
+    from .peers import is_peer
 
     plt = _pyplot()
     modes = list(dict.fromkeys(r.mode for r in rows if r.codec not in ("none", CONTROL) and r.rate_mbit))
@@ -49,13 +51,25 @@ def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, floa
             sel = sorted((r for r in rows if (r.mode, r.codec) == (mode, codec) and r.rate_mbit),
                          key=lambda r: r.rate_mbit)  # fmt: skip
             pts = [(r.rate_mbit, r.speedup, r.ideal) for r in sel]
+            marker = "^" if is_peer(codec) else "o"
             if all(r.speedup_ci95 for r in sel):
                 lo = [max(0.0, r.speedup - r.speedup_ci95[0]) for r in sel]
                 err = [lo, [max(0.0, r.speedup_ci95[1] - r.speedup) for r in sel]]
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err, fmt="o", color=color,
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err, fmt=marker, color=color,
                             capsize=3, label=f"{codec} measured (95% interval)")  # fmt: skip
             else:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=f"{codec} measured")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color=color,
+                        label=f"{codec} measured")  # fmt: skip
+            over = [r for r in sel if r.peer_speedup is not None and r.codec != r.best_peer]
+            if over and not is_peer(codec):
+                ci = [r.peer_ci95 or (r.peer_speedup, r.peer_speedup) for r in over]
+                err = [[max(0.0, r.peer_speedup - c[0]) for r, c in zip(over, ci)],
+                       [max(0.0, c[1] - r.peer_speedup) for r, c in zip(over, ci)]]  # fmt: skip
+                ax.errorbar([r.rate_mbit for r in over], [r.peer_speedup for r in over], yerr=err,
+                            fmt="s", mfc="none", color=color, capsize=3,
+                            label=f"{codec} over the best peer")  # fmt: skip
+            if is_peer(codec):
+                continue
             ax.plot(
                 [p[0] for p in pts], [p[2] for p in pts], "x", color=color, alpha=0.6, label=f"{codec} ideal"
             )

@@ -372,6 +372,8 @@ class Int4Hadamard32Codec(Int4HadamardCodec):
 
     name = "int4-hadamard-g32"
     DEFAULTS = {**Int4HadamardCodec.DEFAULTS, "group_size": 32}
+    PINNED = ("group_size", "scale_fmt")
+    """options its name fixes: a sweep's common settings (`taco bench codec --group-size`) leave them"""
 
 
 def _int_hadamard(bits: int) -> type[IntHadamardCodec]:

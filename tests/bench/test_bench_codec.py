@@ -102,3 +102,12 @@ def test_fidelity_table_bytes_ratio_and_gap_to_taco(tmp_path, capsys):
             assert e["gap_to_taco_db"][fam] == by[(name, fam)] - by[("taco", fam)]
     assert fid["taco"]["gap_to_taco_db"] == {"gaussian": 0.0, "student-t3": 0.0}
     assert "gap to taco" in capsys.readouterr().out
+
+
+def test_a_codec_whose_name_fixes_its_group_keeps_it(tmp_path):
+    """`--group-size` and the scale format are the sweep's common settings; int4-hadamard-g32's name
+    fixes both (groups of 32, bf16 scales: NVFP4's 0.5625 B/elem), so the sweep leaves them."""
+    res = run_json(tmp_path, "--codecs", "int4-hadamard-g32,int4-hadamard", "--families", "gaussian",
+                   "--group-size", "128", "--backend", "eager")  # fmt: skip
+    bpe = {r["codec"]: r["bytes_per_elem"] for r in res["rows"]}
+    assert bpe == {"int4-hadamard-g32": 0.5 + 2 / 32, "int4-hadamard": 0.5 + 4 / 128}

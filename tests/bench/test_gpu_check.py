@@ -7,6 +7,7 @@ interpreter. The TP=2 trainer step needs two GPUs and is skipped, with its reaso
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 CPU_STEPS = [
     "setup", "codec-check", "kernel-tests", "codec-bandwidth", "host-overhead", "allreduce-replay",
-    "comm-loopback", "train-data", "train", "recompute",
+    "comm-loopback", "train-data", "train", "recompute", "peer-step",
 ]  # fmt: skip
+MEGATRON = all(importlib.util.find_spec(m) is not None for m in ("megatron", "megatron.core"))
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash")
@@ -53,6 +55,9 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
         assert row is not None and s["status"].split()[0] in row, (name, table)
     for name in CPU_STEPS:
         step_log = (tmp_path / "steps" / f"{name}.log").read_text()
+        if name == "peer-step" and not MEGATRON:
+            assert "megatron-core is not importable" in steps[name]["status"], steps[name]
+            continue
         assert steps[name]["status"] == "ok", (name, steps[name], step_log[-3000:])
     assert "match eager" in steps["codec-check"]["key"]
     assert "x copy time at" in steps["codec-bandwidth"]["key"]
@@ -61,5 +66,7 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert "params on cpu" in steps["train"]["key"]
     assert (tmp_path / "train" / "metrics.jsonl").is_file()
     assert "full: saved/plan 1.000" in steps["recompute"]["key"], steps["recompute"]  # exact on the CPU
+    if MEGATRON:
+        assert "speedup over megatron-core" in steps["peer-step"]["key"], steps["peer-step"]
     assert steps["train-tp2"]["status"].startswith("skipped") and "needs two" in steps["train-tp2"]["status"]
     assert p.returncode == 0
