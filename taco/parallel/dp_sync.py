@@ -4,12 +4,12 @@ Why this file exists: a pipeline step runs several micro-batches, and the DP wra
 gradients once, after the step's last backward (Megatron-Core hands its schedules a
 `no_sync_func` for the same reason). The schedule (`taco.parallel.pipeline`) calls a `DPSync`
 and never asks which wrapper it has; `dp_sync_for` is the one place that asks, once, when the run
-is built. It is also the ONE file of the package that calls DDP's private API:
-`DistributedDataParallel.reducer.prepare_for_backward`. Why private: every forward runs under
-`no_sync` (a 1F1B schedule interleaves forwards and backwards, so "sync on the last forward", DDP's
-public recipe, would arm the reducer for the wrong backward); the reducer must then be armed by
-hand, with the last micro-batch's output, just before that micro-batch's backward. Megatron's DDP
-owns its buckets and needs no such call; torch's DDP offers no public one.
+is built. DDP: every forward runs under `no_sync` (a 1F1B schedule interleaves forwards and
+backwards, so "sync on the last forward", DDP's public recipe, would arm the reducer for the wrong
+backward), and the reducer is armed by hand with the last micro-batch's output just before that
+micro-batch's backward: DDP's private `reducer.prepare_for_backward`, called through
+`taco.parallel.torch_private`, the one file that touches torch's private API (why, there).
+Megatron's DDP owns its buckets and needs no such call; torch's DDP offers no public one.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .fully_sharded import is_fully_sharded, set_gradient_sync
+from .torch_private import arm_ddp_reducer
 
 
 class DPSync(Protocol):
@@ -56,7 +57,7 @@ class DDPSync:
 
     def before_backward(self, output: torch.Tensor, last: bool) -> None:
         if last:  # the private call this file exists for (module docstring)
-            self.ddp.reducer.prepare_for_backward([output])
+            arm_ddp_reducer(self.ddp, [output])
 
 
 class FSDPSync:

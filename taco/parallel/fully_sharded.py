@@ -46,21 +46,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.tensor import DTensor
 
 from taco import comm
 from taco.codec import Codec, CodecSpec, build_codec
 
 from .dims import ParallelDims
+from .torch_private import AllGather, ReduceScatter, local_tensor
 
 WEIGHT_SITE = "dp.weight"
 GRAD_SITE = "dp.grad"
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """This rank's local shard of a DTensor (the tensor itself otherwise); shares its storage."""
-    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 class _Alloc:
@@ -286,7 +281,7 @@ def load_checkpoint_state(root: nn.Module, model: nn.Module, opt: torch.optim.Op
     for p, s in opt.state.items():
         if not isinstance(p, DTensor):
             continue
-        shard = p._local_tensor.shape
+        shard = local_tensor(p).shape
         for k, v in s.items():  # exp_avg, exp_avg_sq: shards like p ("step" is a plain scalar)
             if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == shard:
                 s[k] = DTensor.from_local(

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .torch_private import foreach_copy_
+
 
 class MasterWeightsOptimizer:
     """An optimizer over fp32 masters of low-precision model parameters (Megatron's
@@ -92,7 +94,7 @@ class MasterWeightsOptimizer:
         for p, m in have:
             m.grad = p.grad.float()
         self.inner.step()
-        torch._foreach_copy_([p for p, _ in have], [m for _, m in have])  # round to the model's dtype
+        foreach_copy_([p for p, _ in have], [m for _, m in have])  # round to the model's dtype
         for _, m in have:
             m.grad = None
 

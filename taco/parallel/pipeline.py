@@ -38,7 +38,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.autograd import Variable
 
 from taco import comm
 from taco.codec import Codec
@@ -47,6 +46,7 @@ from .dims import ParallelDims
 from .dp_sync import DPSync, NoDPSync
 from .fully_sharded import local_tensor
 from .tags import mark_pp_copy, tp_context
+from .torch_private import run_backward
 
 Action = tuple[str, int]
 """(kind, micro-batch): kind in fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd."""
@@ -237,7 +237,7 @@ def _free(t: torch.Tensor) -> None:
 def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
     # The engine directly: `torch.autograd.backward` would compare grad's shape with the freed out.
     g = grad if grad is not None else torch.ones_like(out)  # the last stage: d loss / d loss
-    Variable._execution_engine.run_backward((out,), (g,), False, False, (), True, True)
+    run_backward(out, g)
 
 
 class PipelineEngine:

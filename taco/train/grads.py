@@ -17,23 +17,18 @@ from torch import nn
 from taco.parallel import fully_sharded
 from taco.parallel.dims import ParallelDims
 from taco.parallel.tags import is_pp_copy, is_tp_sharded
+from taco.parallel.torch_private import foreach_mul_, foreach_norm
 
 _Grads = list[tuple[nn.Parameter, torch.Tensor]]
 """(parameter, its local gradient) pairs"""
-# whether this torch's _foreach_norm takes an output dtype (bf16 gradients accumulated in fp32)
-_NORM_DTYPE = "dtype" in str(torch.ops.aten._foreach_norm.Scalar._schema)
 
 
 def sum_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """[1] fp32 on `device`: the sum of the squares of every element of `grads`, from one
-    `_foreach_norm` in fp32 (a few kernels for all parameters, no float64 copies, no host sync)."""
+    `foreach_norm` in fp32 (a few kernels for all parameters, no float64 copies, no host sync)."""
     if not grads:
         return torch.zeros(1, dtype=torch.float32, device=device)
-    if _NORM_DTYPE:
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-    else:  # older torch: fp32 copies of the gradients that are not fp32 already
-        norms = torch._foreach_norm([g.float() for g in grads], 2)
-    return torch.stack(norms).square().sum().reshape(1)
+    return torch.stack(foreach_norm(grads)).square().sum().reshape(1)
 
 
 class MeshGrads:
@@ -96,5 +91,5 @@ class MeshGrads:
                 if p.grad is not None:
                     by_dtype.setdefault(p.grad.dtype, []).append(fully_sharded.local_tensor(p.grad))
             for dtype, grads in by_dtype.items():
-                torch._foreach_mul_(grads, scale.to(dtype))
+                foreach_mul_(grads, scale.to(dtype))
         return norm, votes

@@ -31,7 +31,7 @@ def _fit(rank, world, cfg, data_dir):
         "site_codecs": policy.site_codecs(),
         "sites": sites,
         "sampled": tr.run.wing.calibration.sampler is not None,
-        "observer": policy.observer is not None,
+        "observer": tr.run.wing.calibration in tr.run.wing.on_message,  # sees the TP messages
     }
 
 
@@ -50,6 +50,7 @@ def test_calibrated_run_writes_every_site_every_rank_agrees_and_resume_reuses(co
     want = {s: build_codec(e["codec"]).spec for s, e in sites.items()}
     assert a[0]["site_codecs"] == a[1]["site_codecs"] == want  # both ranks installed the same
     assert a[0]["sampled"] and doc["steps"] == 2 and doc["step"] == 2
+    assert a[0]["observer"] and not a[1]["observer"]  # only the decider (tp 0) keeps samples
     for e in sites.values():
         assert e["samples"] == 2 and e["sqnr_db"] >= doc["min_sqnr_db"]
         best = min(e["candidates"], key=lambda r: 10 ** (-r["sqnr_db"] / 10) * r["bytes_per_elem"])
