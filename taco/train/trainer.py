@@ -44,7 +44,7 @@ from taco.parallel.data_parallel import DP_SITE, load_optimizer_state, optimizer
 from taco.parallel.master_weights import MasterWeightsOptimizer
 from taco.parallel.recompute import apply_recompute
 from taco.parallel.tags import is_pp_copy, is_tp_sharded, tp_context
-from taco.train import stopping
+from taco.train import dcp, stopping
 from taco.train.autopolicy import AutoPolicy
 from taco.train.build import (
     AXES,
@@ -170,6 +170,7 @@ class Trainer:
         self.out_dir = Path(t.out_dir)
         self.mesh = dims.mesh()
         self.calibration = attach_calibration(self)  # compression.calibrate/.calibration: per-site TP codecs
+        self.dcp = dcp.DCPWriter(self.out_dir, t.checkpoint_async) if t.checkpoint_format == "dcp" else None
 
     # -- one step -----------------------------------------------------------------------------
     def _seed_step(self, step: int) -> None:
@@ -330,12 +331,25 @@ class Trainer:
         return st
 
     def save(self) -> Path:
+        if self.dcp is not None:  # reshardable (taco.train.dcp)
+            return self.dcp.save(self)
         return save_checkpoint(self.out_dir, self.step, dist.get_rank(), self.state())
 
     def maybe_resume(self) -> None:
         d = find_checkpoint(self.cfg.train.resume, self.out_dir)
         if d is None:
             return
+        if dcp.is_dcp(d):  # written at any layout
+            st = dcp.load(self, d)
+        else:
+            st = self._load_rank_files(d)
+        self.step = st["step"]
+        for site, spec in st.get("site_codecs", {}).items():
+            self.policy.set_site_codec(site, spec)
+        if self.log:
+            print(f"resumed from {d} at step {self.step}", flush=True)
+
+    def _load_rank_files(self, d: Path) -> dict[str, Any]:
         st = load_checkpoint(d, dist.get_rank(), self.mesh)
         if st.get("dp_shard", False) != self.sharded:
             raise CheckpointError(f"{d}: parallel.dp_shard differs from the run that wrote it; use the same")
@@ -345,11 +359,7 @@ class Trainer:
             check_shapes(d / f"rank{dist.get_rank()}.pt", st["model"], self.model.state_dict())
             self.model.load_state_dict(st["model"])
             load_optimizer_state(self.opt, st["opt"])
-        self.step = st["step"]
-        for site, spec in st.get("site_codecs", {}).items():
-            self.policy.set_site_codec(site, spec)
-        if self.log:
-            print(f"resumed from {d} at step {self.step}", flush=True)
+        return st
 
     def _dp_codecs(self) -> str:
         c = self.cfg.compression
@@ -435,6 +445,8 @@ class Trainer:
                 if self.log:
                     print(f"[taco] stop requested: checkpoint of step {step} written to {saved}", flush=True)
                 break
+        if self.dcp is not None:
+            self.dcp.wait()  # the last checkpoint written and committed
         logger.close()
         n = max(steps_done, 1)
         summary = {

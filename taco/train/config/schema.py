@@ -333,6 +333,15 @@ class TrainConfig(_Section):
         "Save a checkpoint every this many steps and at the last step; 0 = only at the last step "
         "(`checkpoint_every` is accepted as its alias). SIGINT or SIGTERM (Ctrl-C) also saves one, of "
         "the step in progress, before the run stops: resume it with train.resume = true.")})
+    checkpoint_format: str = field(default="rank", metadata={"doc": (
+        '"dcp" = torch.distributed.checkpoint: every tensor under a layout-free name with its '
+        "logical shape, so the checkpoint resumes at any parallel.tp/pp/dp/dp_shard the model admits "
+        '(docs/checkpoints.md); "rank" = one file per rank, resumable only on the mesh that wrote it. '
+        "Either format is read back whatever this says.")})
+    checkpoint_async: bool = field(default=True, metadata={"doc": (
+        'With checkpoint_format = "dcp": write in a background thread (torch\'s dcp.async_save), so '
+        "the step waits only for the copy to host memory; the checkpoint becomes `latest` once every "
+        "rank's files are written and checksummed.")})
     resume: bool | str = field(default=False, metadata={"doc": (
         "true = resume from the latest checkpoint in out_dir (starting from step 0, with a note, if "
         "there is none), a path = resume from that checkpoint (an error if it holds none), false = start "
@@ -352,6 +361,8 @@ class TrainConfig(_Section):
         "doc": "Capture the TP tensors every this many steps (when capture_dir is set)."})
 
     def _check(self) -> None:
+        if self.checkpoint_format not in ("dcp", "rank"):
+            self._fail("checkpoint_format", 'choose "dcp" (reshardable) or "rank" (one file per rank)')
         if not self.name:
             self.name = "run"
         if not self.out_dir:
