@@ -60,7 +60,9 @@ class Chunk:
 
     def __create_write_items__(self, fqn: str, obj: Any) -> list[WriteItem]:
         data = TensorWriteData(
-            chunk=self._chunk(), properties=TensorProperties.create_from_tensor(self.tensor), size=self.global_size
+            chunk=self._chunk(),
+            properties=TensorProperties.create_from_tensor(self.tensor),
+            size=self.global_size,
         )
         return [WriteItem(index=MetadataIndex(fqn, self.offsets), type=WriteItemType.SHARD, tensor_data=data)]
 
@@ -97,11 +99,15 @@ class _LoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         for fqn, obj in self.state_dict.items():
             md = self.metadata.state_dict_metadata.get(fqn)
-            if isinstance(obj, Chunk) and isinstance(md, TensorStorageMetadata) and md.size != obj.global_size:
+            if (
+                isinstance(obj, Chunk)
+                and isinstance(md, TensorStorageMetadata)
+                and md.size != obj.global_size
+            ):
                 raise CheckpointError(
-                    f"{self.where}: {fqn} has shape {list(md.size)} in the checkpoint but {list(obj.global_size)} "
-                    "in this model: the model sizes differ; resume with the [model] sizes of the run "
-                    "that wrote it (its config.toml)"
+                    f"{self.where}: {fqn} has shape {list(md.size)} in the checkpoint but "
+                    f"{list(obj.global_size)} in this model: the model sizes differ; resume with "
+                    "the [model] sizes of the run that wrote it (its config.toml)"
                 )
         plan = super().create_local_plan()
         covered: dict[str, int] = {}
