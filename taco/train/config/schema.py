@@ -88,8 +88,10 @@ class ModelConfig(_Section):
     SECTION: typing.ClassVar[str] = "model"
 
     kind: ModelKind = field(default=ModelKind.GPT, metadata={"doc": (
-        'Architecture family: "gpt" (GPT-2: LayerNorm, learned positions, GELU MLP) or "qwen" '
-        "(Qwen2/3: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention).")})
+        'Architecture family: "gpt" (GPT-2: LayerNorm, learned positions, GELU MLP), "qwen" '
+        '(Qwen2/3: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention) or "llama" (Llama 3 and '
+        "Mistral: Qwen's blocks without biases; RoPE scaling and sliding windows come from "
+        "model.init_from).")})
     preset: str = field(default="", metadata={"doc": (
         'Named size preset (taco.models.PRESETS, e.g. "gpt2", "qwen3-0.6b"); "" = none. A preset fills '
         "the size fields; keys written explicitly in the TOML file or on the command line override it.")})
@@ -178,6 +180,8 @@ class ModelConfig(_Section):
                 self._fail("intermediate", 'gpt\'s MLP is 4 * hidden: use 0, or model.kind = "qwen"')
         elif self.dropout:
             self._fail("dropout", 'qwen has no dropout: use 0, or model.kind = "gpt"')
+        elif self.kind == ModelKind.LLAMA and self.qk_norm:
+            self._fail("qk_norm", 'Llama and Mistral have no q/k norm: use false, or model.kind = "qwen"')
         if not 0.0 <= self.dropout < 1.0:
             self._fail("dropout", "must be in [0, 1)")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
