@@ -395,3 +395,24 @@ def _masters_to_params(opt: Any) -> None:
     if isinstance(opt, MasterWeightsOptimizer):
         for p, m in zip(opt.params, opt.masters):
             p.copy_(m)
+
+
+def saved_vocab(step_dir: Path) -> int:
+    """Token rows of the logical embedding in a DCP checkpoint (the real vocabulary)."""
+    md = dcp.FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    return int(md["model/tok_emb.weight"].size[0])
+
+
+@torch.no_grad()
+def load_full_model(model: torch.nn.Module, step_dir: Path) -> None:
+    """Fill an unsharded model (built with `saved_vocab` rows) from a DCP checkpoint written at any
+    layout, in this process alone (no process group): what `taco export` merges."""
+    reader = dcp.FileSystemReader(str(step_dir))
+    pieces = tp_pieces(model, 1, 0, model.tok_emb.weight.shape[0])
+    params = dict(model.named_parameters(remove_duplicate=False))
+    state = {
+        f"model/{pc.key}": Chunk(params[name].data[pc.local], pc.offsets, pc.size)
+        for name, ps in pieces.items()
+        for pc in ps
+    }
+    dcp.load(state, storage_reader=reader, planner=_LoadPlanner(step_dir), no_dist=True)

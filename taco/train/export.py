@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from taco.train import dcp
 from taco.train.config import Config, load_config
 
 __all__ = ["export_run", "load_run_model"]
@@ -136,6 +137,12 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Mod
     cfg = load_config(run_dir / "config.toml")
     step_dir = _step_dir(run_dir, step)
     mesh = _verified_mesh(run_dir, step_dir)
+    if dcp.is_dcp(step_dir):  # layout-free: read straight into the unsharded model
+        rows = dcp.saved_vocab(step_dir)
+        sizes = {k: getattr(cfg.model, k) for k in SIZE_KEYS}
+        model = _from_init(cfg, rows) or build_model(cfg.model.kind.value, **{**sizes, "vocab_size": rows})
+        dcp.load_full_model(model, step_dir)
+        return model.eval(), rows, cfg
     dims = ParallelDims(dp=mesh["dp"], pp=mesh["pp"], tp=mesh["tp"])
     shards = {  # (pp rank, tp rank) -> that rank's model state (DP rank 0, or every DP shard joined)
         (p, t): _dp_joined(step_dir, dims, mesh, p, t) for p in range(dims.pp) for t in range(dims.tp)
