@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from concurrent.futures import Future
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,8 @@ class DCPWriter:
         self.async_save = async_save
         self.group = dist.new_group(backend="gloo")  # the writer thread's collectives, apart from training's
         self.pending: Future | None = None
-        self.error: BaseException | None = None
+        self.committing: Future | None = None  # rank 0: checksums, rename and `latest` after the write
+        self.pool = ThreadPoolExecutor(1) if dist.get_rank() == 0 else None
 
     def save(self, trainer: Any) -> Path:
         """Write step `trainer.step`; returns its directory (in place once `wait` returns)."""
@@ -267,8 +269,8 @@ class DCPWriter:
         kw = dict(storage_writer=writer, planner=planner, process_group=self.group)
         if self.async_save:
             fut = dcp.async_save(state, **kw)
-            if rank == 0:
-                fut.add_done_callback(lambda f: self._finish(f, tmp, final, step, mesh))
+            if self.pool is not None:
+                self.committing = self.pool.submit(_commit_after, fut, tmp, final, step, mesh)
             self.pending = fut
         else:
             dcp.save(state, **kw)
@@ -276,22 +278,25 @@ class DCPWriter:
                 commit(tmp, final, step, mesh)
         return final
 
-    def _finish(self, fut: Future, tmp: Path, final: Path, step: int, mesh: dict[str, int]) -> None:
-        try:
-            fut.result()
-            commit(tmp, final, step, mesh)
-        except BaseException as e:  # noqa: BLE001 - raised on the training thread by `wait`
-            self.error = e
-
     def wait(self) -> None:
         """Until the save in flight is written (and, on rank 0, committed); re-raises its error."""
-        if self.pending is not None:
-            fut, self.pending = self.pending, None
+        if self.pending is None:
+            return
+        fut, self.pending = self.pending, None
+        done, self.committing = self.committing, None
+        try:
             fut.result()
-            dist.barrier(group=self.group)  # rank 0's commit callback ran before its barrier
-        if self.error is not None:
-            e, self.error = self.error, None
+            if done is not None:
+                done.result()
+        except Exception as e:
             raise CheckpointError(f"the checkpoint save failed: {type(e).__name__}: {e}") from e
+        finally:
+            dist.barrier(group=self.group)  # every rank past the commit of this step
+
+
+def _commit_after(fut: Future, tmp: Path, final: Path, step: int, mesh: dict[str, int]) -> None:
+    fut.result()  # every rank's files written (DCP's coordinator finished the metadata last)
+    commit(tmp, final, step, mesh)
 
 
 def commit(tmp: Path, final: Path, step: int, mesh: dict[str, int]) -> None:
@@ -415,4 +420,6 @@ def load_full_model(model: torch.nn.Module, step_dir: Path) -> None:
         for name, ps in pieces.items()
         for pc in ps
     }
-    dcp.load(state, storage_reader=reader, planner=_LoadPlanner(step_dir), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, planner=_LoadPlanner(step_dir), no_dist=True)
