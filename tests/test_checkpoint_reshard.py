@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from taco.train.config import load_config
 from taco.train.launch import launch
@@ -167,3 +168,50 @@ def test_pieces_name_fused_blocks_and_drop_vocabulary_padding():
         ("layers.0.attn.qkv.weight/0", slice(0, 5), 11),
         ("layers.0.attn.qkv.weight/1", slice(5, 11), 0),
     ]
+
+
+def _all_tensors(step: Path, tmp: Path) -> dict:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp / f"{step.parent.parent.name}.pt"
+    dcp_to_torch_save(step, out)
+    return torch.load(out, weights_only=False)
+
+
+def test_sync_save_equals_async_save_and_bf16_masters_follow_their_weights(corpus, saved, tmp_path):
+    """The same run saved synchronously holds the same tensors as the async save of the fixture;
+    a bf16 run's fp32 masters are saved beside the weights (each weight is its master rounded),
+    and resume at another layout."""
+    step, _ = saved
+    sync = tmp_path / "sync"
+    launch(
+        qwen(
+            corpus,
+            sync,
+            "--parallel.tp=2",
+            "--parallel.pp=2",
+            "--train.steps=3",
+            "--train.checkpoint_async=false",
+        )
+    )
+    a, b = _all_tensors(step, tmp_path), _all_tensors(sync / "checkpoints" / "step_0000003", tmp_path)
+    tensors = sorted(k for k, v in a.items() if isinstance(v, torch.Tensor))
+    assert tensors == sorted(k for k, v in b.items() if isinstance(v, torch.Tensor))
+    assert any(k.endswith("/exp_avg_sq") for k in tensors) and "model/layers.1.attn.qkv.weight/1" in tensors
+    for k in tensors:
+        assert torch.equal(a[k], b[k]), k
+
+    bf16 = tmp_path / "bf16"
+    launch(qwen(corpus, bf16, "--parallel.tp=2", "--train.steps=2", "--train.dtype=bf16"))
+    c = _all_tensors(bf16 / "checkpoints" / "step_0000002", tmp_path)
+    masters = [k for k in c if k.endswith("/master")]
+    assert masters and len(masters) == len([k for k in c if k.startswith("model/")])
+    for k in masters:
+        weight = c["model/" + k.removeprefix("optim/").removesuffix("/master")]
+        assert c[k].dtype == torch.float32 and weight.dtype == torch.bfloat16
+        assert torch.equal(c[k].to(torch.bfloat16), weight), k
+    res = launch(
+        qwen(corpus, tmp_path / "bf16-dp2", "--parallel.tp=1", "--parallel.dp=2", "--train.dtype=bf16",
+             "--train.steps=3", f"--train.resume={bf16 / 'checkpoints' / 'step_0000002'}")
+    )  # fmt: skip
+    assert res["resumed_from"] == 2
