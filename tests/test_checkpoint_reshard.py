@@ -178,6 +178,7 @@ def _all_tensors(step: Path, tmp: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.slow  # about 50 s: three runs
 def test_sync_save_equals_async_save_and_bf16_masters_follow_their_weights(corpus, saved, tmp_path):
     """The same run saved synchronously holds the same tensors as the async save of the fixture;
     a bf16 run's fp32 masters are saved beside the weights (each weight is its master rounded),

@@ -233,6 +233,13 @@ def _rng() -> dict[str, Any]:
 # --------------------------------------------------------------------------- saving
 
 
+def _host_copy(v: Any) -> Any:
+    if isinstance(v, Chunk):
+        host = v.tensor.detach().to("cpu", copy=True).contiguous()
+        return Chunk(host, tuple(v.offsets), tuple(v.global_size))
+    return v.detach().to("cpu", copy=True)
+
+
 class DCPWriter:
     """Saves a trainer's checkpoints (collective: every rank calls `save`; `wait` before exit)."""
 
@@ -256,11 +263,7 @@ class DCPWriter:
         dist.barrier(group=self.group)
         tensors, _ = rank_tensors(trainer)
         # the snapshot: host copies taken now, so training may change the live tensors meanwhile
-        state: dict[str, Any] = {
-            k: Chunk(v.tensor.detach().to("cpu", copy=True), tuple(v.offsets), tuple(v.global_size))
-            if isinstance(v, Chunk) else v.detach().to("cpu", copy=True)
-            for k, v in tensors.items()
-        }  # fmt: skip
+        state: dict[str, Any] = {k: _host_copy(v) for k, v in tensors.items()}
         state["train"] = _extra(trainer)
         state[f"rng/{dist.get_world_size()}/{rank}"] = _rng()
         mesh = dict(trainer.mesh, dp_shard=int(trainer.sharded))

@@ -340,7 +340,7 @@ class Trainer:
         if d is None:
             return
         if dcp.is_dcp(d):  # written at any layout
-            st = dcp.load(self, d)
+            st = dcp.load(self, d, self.dcp.group if self.dcp is not None else None)
         else:
             st = self._load_rank_files(d)
         self.step = st["step"]
