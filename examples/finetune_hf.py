@@ -1,10 +1,11 @@
 """Fine-tune Hugging Face checkpoints with TACO at TP=2, export them, reload them in transformers.
 
-Offline and small: the checkpoints are a tiny GPT-2 and a tiny Qwen2 with random weights, built
-with transformers and saved with `save_pretrained`, each with a byte-level BPE tokenizer (trained
-here with `tokenizers` on the text, wrapped as a `PreTrainedTokenizerFast`) saved beside it, as
-a published checkpoint has. The text folder holds this repository's LICENSE (plain English that
-stays the same from one version of the project to the next, so the losses in the docs stay true).
+Offline and small: the checkpoints are a tiny GPT-2 and a tiny Qwen2 (`--kind llama3`: a tiny
+Llama 3 with its RoPE scaling) with random weights, built with transformers and saved with
+`save_pretrained`, each with a byte-level BPE tokenizer (trained here with `tokenizers` on the
+text, wrapped as a `PreTrainedTokenizerFast`) saved beside it, as a published checkpoint has. The
+text folder holds this repository's LICENSE (plain English that stays the same from one version
+of the project to the next, so the losses in the docs stay true).
 The vocabulary (1000 tokens) is no multiple of 256, so at TP=2 it is padded to 1024, masked out of
 the loss, and stripped again by `taco export`, like GPT-2's 50257.
 
@@ -68,6 +69,14 @@ def make_checkpoint(kind: str, path: Path, tokenizer) -> None:
     if kind == "gpt2":
         cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=256, **ids)
         model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "llama3":  # Llama 3.1's RoPE scaling, acting at these lengths (original context 64)
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64, "rope_theta": 500000.0}  # fmt: skip
+        cfg = transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rope_parameters=rope, **ids,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(cfg)
     else:
         cfg = transformers.Qwen2Config(
             hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -80,11 +89,11 @@ def make_checkpoint(kind: str, path: Path, tokenizer) -> None:
     print(f"wrote {path}: {kind}, {n / 1e6:.2f}M parameters (random), vocab {cfg.vocab_size}, tokenizer.json")
 
 
-def make(out: Path) -> None:
+def make(out: Path, kinds: tuple[str, ...] = KINDS) -> None:
     text = make_text(out)
     print(f"wrote {text}: {', '.join(f.name for f in sorted(text.glob('*.txt')))}")
     tokenizer = make_tokenizer(text)
-    for kind in KINDS:
+    for kind in kinds:
         make_checkpoint(kind, out / kind, tokenizer)
 
 
@@ -140,14 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("step", choices=("make", "check", "all"))
     p.add_argument("dir", type=Path, help="make/all: the example folder; check: a run folder")
+    p.add_argument(
+        "--kind",
+        action="append",
+        choices=(*KINDS, "llama3"),
+        help=f"make/all: these models (default: {KINDS})",
+    )
     args = p.parse_args(argv)
+    kinds = tuple(args.kind or KINDS)
     if args.step == "make":
-        make(args.dir)
+        make(args.dir, kinds)
     elif args.step == "check":
         check(args.dir)
     else:
-        make(args.dir)
-        for kind in KINDS:
+        make(args.dir, kinds)
+        for kind in kinds:
             run = args.dir / f"run-{kind}"
             run_taco(train_args(args.dir / kind, args.dir / "text", run))
             run_taco(["export", "--run", str(run), "--out", str(run / "hf")])

@@ -15,6 +15,7 @@ from torch import nn
 
 from taco.models.gpt import GPT, GPTConfig
 from taco.models.hf import load_hf_checkpoint, read_hf_config, save_hf_checkpoint
+from taco.models.llama import Llama, LlamaConfig
 from taco.models.plans import check_tp_size, resolve_plan, sites, tp_plan
 from taco.models.presets import PRESETS, SIZE_DEFAULTS, SIZE_KEYS, ffn_size
 from taco.models.qwen import Qwen, QwenConfig
@@ -23,6 +24,8 @@ __all__ = [
     "GPT",
     "PRESETS",
     "GPTConfig",
+    "Llama",
+    "LlamaConfig",
     "Qwen",
     "QwenConfig",
     "build_model",
@@ -36,7 +39,11 @@ __all__ = [
     "tp_plan",
 ]
 
-_KINDS: dict[str, tuple[type[nn.Module], type]] = {"gpt": (GPT, GPTConfig), "qwen": (Qwen, QwenConfig)}
+_KINDS: dict[str, tuple[type[nn.Module], type]] = {
+    "gpt": (GPT, GPTConfig),
+    "qwen": (Qwen, QwenConfig),
+    "llama": (Llama, LlamaConfig),
+}
 
 
 def model_config(kind: str, **sizes: Any) -> GPTConfig | QwenConfig:
@@ -75,8 +82,8 @@ def model_config(kind: str, **sizes: Any) -> GPTConfig | QwenConfig:
             layer_norm_eps=s["norm_eps"],
         )  # fmt: skip
     if s["dropout"]:
-        raise ValueError(f"qwen has no dropout: dropout must be 0, got {s['dropout']}")
-    return QwenConfig(
+        raise ValueError(f"{kind} has no dropout: dropout must be 0, got {s['dropout']}")
+    return _KINDS[kind][1](
         vocab_size=s["vocab_size"], hidden_size=s["hidden"],
         intermediate_size=ffn_size(kind, s["hidden"], s["intermediate"]), num_hidden_layers=s["n_layer"],
         num_attention_heads=s["n_head"], num_key_value_heads=s["n_kv_head"] or s["n_head"],

@@ -3,9 +3,10 @@
 Why this file exists: fine-tuning starts from published weights, and exporting lets Hugging Face
 tools read what we trained. A checkpoint directory holds ``config.json`` and either one
 ``*.safetensors`` file or ``model.safetensors.index.json`` with its shards. Supported
-``model_type``: ``gpt2``, ``qwen2``, ``qwen3``. Nothing is ever downloaded. A vocabulary padded
-for tensor parallelism (``Decoder.resize_vocab``) is written back at its own size with
-``save_hf_checkpoint(model, path, vocab_size=...)``.
+``model_type``: ``gpt2``, ``qwen2``, ``qwen3``, ``llama`` (Llama 3, ``llama3`` RoPE scaling) and
+``mistral`` (sliding window); the last two are ``llama.Llama`` models. Nothing is ever
+downloaded. A vocabulary padded for tensor parallelism (``Decoder.resize_vocab``) is written
+back at its own size with ``save_hf_checkpoint(model, path, vocab_size=...)``.
 
 Name mapping (ours <- Hugging Face):
 
@@ -13,8 +14,9 @@ Name mapping (ours <- Hugging Face):
   ``h.i.attn.c_attn`` (a Conv1D, weight ``[in, out]``, hence transposed); ``attn.out`` <-
   ``attn.c_proj``; ``mlp.up``/``mlp.down`` <- ``mlp.c_fc``/``mlp.c_proj``; ``attn_norm``,
   ``mlp_norm``, ``norm`` <- ``ln_1``, ``ln_2``, ``ln_f``.
-* qwen2/qwen3: ``tok_emb`` <- ``embed_tokens``; the fused ``attn.qkv`` <- ``self_attn.{q,k,v}_proj``
-  stacked on output features (unstacked on export); ``attn.out`` <- ``self_attn.o_proj``;
+* qwen2/qwen3/llama/mistral: ``tok_emb`` <- ``embed_tokens``; the fused ``attn.qkv`` <-
+  ``self_attn.{q,k,v}_proj`` stacked on output features (unstacked on export); ``attn.out`` <-
+  ``self_attn.o_proj``;
   ``attn.{q,k}_norm`` <- ``self_attn.{q,k}_norm``; the fused ``mlp.gate_up`` <-
   ``mlp.{gate,up}_proj`` stacked; ``mlp.down`` <- ``mlp.down_proj``;
   ``attn_norm``/``mlp_norm`` <- ``input_layernorm``/``post_attention_layernorm``.
@@ -35,6 +37,8 @@ import torch
 from torch import nn
 
 from taco.models.gpt import GPT, GPTConfig
+from taco.models.llama import MODEL_TYPES as LLAMA_TYPES
+from taco.models.llama import Llama, LlamaConfig, llama_config, llama_config_json
 from taco.models.qwen import Qwen, QwenConfig
 
 Tensors = dict[str, torch.Tensor]
@@ -73,6 +77,7 @@ _QWEN_TOP = {
     "norm.weight": "norm.weight",
     "lm_head.weight": "lm_head.weight",
 }
+_MODEL_TYPES = ("gpt2", "qwen2", "qwen3", *LLAMA_TYPES)
 # Buffers some checkpoints carry that are not parameters (causal masks, RoPE tables).
 _IGNORED = re.compile(r"(^|\.)(attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$")
 _CONV1D = re.compile(r"(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
@@ -210,10 +215,14 @@ def _from_ours(model: nn.Module, vocab_size: int | None = None) -> tuple[dict[st
             state[key] = state[key][:vocab]  # strip a padded vocabulary
     if isinstance(model, GPT):
         hf_cfg = _gpt2_config_json(model.config, tied)
+    elif isinstance(model.config, LlamaConfig):
+        hf_cfg = llama_config_json(model.config, tied)
     elif isinstance(model, Qwen):
         hf_cfg = _qwen_config_json(model.config, tied)
     else:
-        raise TypeError(f"cannot export {type(model).__name__}: only GPT and Qwen models are supported")
+        raise TypeError(
+            f"cannot export {type(model).__name__}: only GPT, Qwen and Llama models are supported"
+        )
     hf_cfg["vocab_size"] = vocab
     gpt = hf_cfg["model_type"] == "gpt2"
     prefix, layers, top, layer = _names(hf_cfg["model_type"])
@@ -254,7 +263,7 @@ def _read_tensors(path: Path) -> Tensors:
     return tensors
 
 
-def read_hf_config(path: str | Path) -> tuple[str, GPTConfig | QwenConfig]:
+def read_hf_config(path: str | Path) -> tuple[str, GPTConfig | QwenConfig | LlamaConfig]:
     """``(model_type, config)`` of a local Hugging Face checkpoint directory, from its ``config.json``.
 
     Raises ``FileNotFoundError`` for a missing directory or file and ``ValueError`` for an unsupported
@@ -267,11 +276,14 @@ def read_hf_config(path: str | Path) -> tuple[str, GPTConfig | QwenConfig]:
         raise FileNotFoundError(f"{path} has no config.json; is it a Hugging Face checkpoint directory?")
     hf_cfg = json.loads((path / "config.json").read_text())
     model_type = hf_cfg.get("model_type")
-    if model_type not in ("gpt2", "qwen2", "qwen3"):
+    if model_type not in _MODEL_TYPES:
         raise ValueError(
-            f"unsupported model_type {model_type!r} in {path / 'config.json'}; supported: gpt2, qwen2, qwen3"
+            f"unsupported model_type {model_type!r} in {path / 'config.json'}; supported: "
+            + ", ".join(_MODEL_TYPES)
         )
     try:
+        if model_type in LLAMA_TYPES:
+            return model_type, llama_config(hf_cfg)
         return model_type, _gpt_config(hf_cfg) if model_type == "gpt2" else _qwen_config(hf_cfg)
     except KeyError as e:
         raise ValueError(f"{path / 'config.json'} lacks the field {e} that {model_type} needs") from None
@@ -279,16 +291,16 @@ def read_hf_config(path: str | Path) -> tuple[str, GPTConfig | QwenConfig]:
 
 def load_hf_checkpoint(
     path: str | Path, model_cls: type[nn.Module] | None = None
-) -> tuple[nn.Module, GPTConfig | QwenConfig]:
+) -> tuple[nn.Module, GPTConfig | QwenConfig | LlamaConfig]:
     """Build a model from a local Hugging Face checkpoint directory; return ``(model, config)``.
 
-    ``model_cls`` replaces the default class (``GPT`` or ``Qwen``); it is called with the config.
+    ``model_cls`` replaces the default class (``GPT``, ``Qwen`` or ``Llama``); it is called with the config.
     Raises ``FileNotFoundError`` for a missing directory/file and ``ValueError`` for an unsupported
     ``model_type``, missing or unexpected tensors, or shape mismatches.
     """
     path = Path(path)
     model_type, config = read_hf_config(path)
-    default_cls = GPT if model_type == "gpt2" else Qwen
+    default_cls = GPT if model_type == "gpt2" else Llama if model_type in LLAMA_TYPES else Qwen
     model = (model_cls or default_cls)(config)
     expected = model.state_dict()
     ours, source, unknown = _to_ours(model_type, _read_tensors(path))

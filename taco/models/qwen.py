@@ -15,6 +15,7 @@ on q and k before RoPE. Layout is batch first, ``[b, s, h]``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,12 @@ class QwenConfig:
     """Bias on the attention output projection (only Qwen3 with ``attention_bias`` has one)."""
     qk_norm: bool = False
     """Qwen3's per-head RMSNorm on q and k before RoPE."""
+    rope_scaling: dict | None = None
+    """RoPE frequency scaling, Hugging Face's ``rope_parameters``: None (plain RoPE) or
+    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}`` (Llama 3.1+)."""
+    sliding_window: int | None = None
+    """Sliding-window attention (Mistral): token i attends to j with ``i - window < j <= i``; None = all."""
 
     def __post_init__(self) -> None:
         if self.attention_bias is None:
@@ -78,6 +85,9 @@ class QwenConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"QwenConfig: head_dim={self.head_dim} must be even for RoPE")
+        kind = (self.rope_scaling or {}).get("rope_type", "default")
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"rope_type={kind!r} is not supported (default or llama3)")
 
 
 class RMSNorm(nn.Module):
@@ -94,12 +104,28 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)  # [..., d]
 
 
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3's RoPE scaling: wavelengths over ``original / low_freq_factor`` slowed by ``factor``,
+    those under ``original / high_freq_factor`` kept, the band between interpolated smoothly."""
+    factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq  # [hd/2]
+    scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+    return torch.where(medium, smoothed, scaled)  # [hd/2]
+
+
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype, scaling: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables for ``positions`` ([s] or [b, s]) -> each [1 or b, 1, s, head_dim]."""
+    """cos and sin tables for ``positions`` ([s] or [b, s]) -> each [1 or b, 1, s, head_dim];
+    ``scaling``: ``QwenConfig.rope_scaling``."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
     inv_freq = 1.0 / (theta**exponent)  # [hd/2]
+    if scaling and scaling.get("rope_type") == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     pos = positions if positions.dim() == 2 else positions[None]  # [b or 1, s]
     freqs = pos.float()[..., None] * inv_freq  # [b or 1, s, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [b or 1, s, hd]
@@ -119,6 +145,7 @@ class Attention(nn.Module):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.head_dim = hd
+        self.window = cfg.sliding_window
         self.groups = cfg.num_attention_heads // cfg.num_key_value_heads  # query heads per k/v head
         q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
         self.qkv = fused_linear(h, (q, kv, kv), bias=cfg.attention_bias)  # [q; k; v] on output features
@@ -150,7 +177,13 @@ class Attention(nn.Module):
         if nq != nkv and not gqa:  # torch < 2.5: SDPA wants one k/v head per query head
             k = k.repeat_interleave(nq // nkv, dim=1)  # [b, nq, s, hd]
             v = v.repeat_interleave(nq // nkv, dim=1)  # [b, nq, s, hd]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)  # [b, nq, s, hd]
+        if self.window is not None and s > self.window:  # causal, and at most `window` keys back
+            i = torch.arange(s, device=x.device)
+            lag = i[:, None] - i[None, :]  # [s, s]: query index - key index
+            mask = (lag >= 0) & (lag < self.window)  # [s, s]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)  # [b, nq, s, hd]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)  # [b, nq, s, hd]
         y = y.transpose(1, 2).reshape(b, s, nq * hd)  # [b, s, nq*hd]
         return self.out(y)  # [b, s, h]
 
@@ -212,7 +245,8 @@ class Qwen(Decoder):
         """All blocks in ``self.layers``. ``positions``: [s] or [b, s], default 0..s-1."""
         if positions is None:
             positions = torch.arange(x.shape[1], device=x.device)  # [s]
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        c = self.config
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype, c.rope_scaling)
         for layer in self.layers:
             x = layer(x, cos, sin)  # [b, s, h]
         return x

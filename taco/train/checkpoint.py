@@ -84,12 +84,16 @@ def save_checkpoint(out_dir: str | Path, step: int, rank: int, state: dict[str, 
 def check_mesh(step_dir: Path, mesh: dict[str, int]) -> None:
     """Raise CheckpointError (at start-up, before any rank starts) if the checkpoint's mesh differs."""
     meta = step_dir / "meta.json"
-    saved = json.loads(meta.read_text())["mesh"] if meta.is_file() else mesh
+    saved = json.loads(meta.read_text()) if meta.is_file() else {"mesh": mesh}
+    if saved.get("format") == "dcp":
+        return  # reshardable (taco.train.dcp): any mesh
+    saved = saved["mesh"]
     if saved != mesh:
         diff = ", ".join(f"{k}={saved.get(k)} (now {v})" for k, v in mesh.items() if saved.get(k) != v)
         raise CheckpointError(
             f"checkpoint {step_dir} was written with a different mesh: {diff}; resume with the same "
-            "parallel.dp/pp/tp/sp, or start fresh (train.resume=false)"
+            "parallel.dp/pp/tp/sp (with train.checkpoint_format = \"dcp\" its next checkpoint then "
+            "resumes at any mesh), or start fresh (train.resume=false)"
         )
 
 
@@ -130,6 +134,11 @@ def verify_checkpoint(
         meta = json.loads(meta_f.read_text())
     except ValueError as e:
         raise CheckpointError(f"{meta_f} is not valid JSON ({e}); {fix}") from e
+    if meta.get("format") == "dcp":
+        from taco.train import dcp
+
+        dcp.verify(step_dir, fix)
+        return
     check_mesh(step_dir, mesh)
     world = mesh["dp"] * mesh["pp"] * mesh["tp"]
     ranks = list(range(world) if ranks is None else ranks)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from taco.train import dcp
 from taco.train.config import Config, load_config
 
 __all__ = ["export_run", "load_run_model"]
@@ -109,6 +110,19 @@ def _dp_joined(step_dir: Path, dims: Any, mesh: dict[str, int], p: int, t: int) 
     return {**first["model"], **{k: torch.cat([first["model"][k], *(r[k] for r in rest)]) for k in keys}}
 
 
+def _from_init(cfg: Config, rows: int) -> nn.Module | None:
+    """A fine-tuned Llama/Mistral's architecture from its `model.init_from` config.json (its RoPE
+    scaling and sliding window are not [model] keys), with `rows` token rows; else None."""
+    from taco.models import Llama, read_hf_config
+
+    init = Path(cfg.model.init_from).expanduser() if cfg.model.init_from else None
+    if init is None or not (init / "config.json").is_file() or cfg.model.kind.value != "llama":
+        return None
+    model = Llama(read_hf_config(init)[1])
+    model.resize_vocab(rows)
+    return model
+
+
 def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Module, int, Config]:
     """(full model of a run with every padded row, the vocabulary to export, the run's config)
     from the checkpoint of `step` (None = the latest) in the run folder `run_dir`."""
@@ -123,13 +137,19 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> tuple[nn.Mod
     cfg = load_config(run_dir / "config.toml")
     step_dir = _step_dir(run_dir, step)
     mesh = _verified_mesh(run_dir, step_dir)
+    if dcp.is_dcp(step_dir):  # layout-free: read straight into the unsharded model
+        rows = dcp.saved_vocab(step_dir)
+        sizes = {k: getattr(cfg.model, k) for k in SIZE_KEYS}
+        model = _from_init(cfg, rows) or build_model(cfg.model.kind.value, **{**sizes, "vocab_size": rows})
+        dcp.load_full_model(model, step_dir)
+        return model.eval(), rows, cfg
     dims = ParallelDims(dp=mesh["dp"], pp=mesh["pp"], tp=mesh["tp"])
     shards = {  # (pp rank, tp rank) -> that rank's model state (DP rank 0, or every DP shard joined)
         (p, t): _dp_joined(step_dir, dims, mesh, p, t) for p in range(dims.pp) for t in range(dims.tp)
     }
     rows = shards[(0, 0)]["tok_emb.weight"].shape[0] * dims.tp  # the padded vocabulary that ran
     sizes = {k: getattr(cfg.model, k) for k in SIZE_KEYS}
-    model = build_model(cfg.model.kind.value, **{**sizes, "vocab_size": rows})
+    model = _from_init(cfg, rows) or build_model(cfg.model.kind.value, **{**sizes, "vocab_size": rows})
     styles = resolve_plan(model)
     tied = model.lm_head.weight is model.tok_emb.weight
     merged: dict[str, torch.Tensor] = {}

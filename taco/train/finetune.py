@@ -39,13 +39,19 @@ def checkpoint_sizes(path: str | Path) -> dict[str, Any]:
             hidden=c.n_embd, head_dim=0, intermediate=0, tie_embeddings=c.tie_embeddings, qk_norm=False,
             norm_eps=c.layer_norm_eps, max_positions=c.block_size,
         )  # fmt: skip
-    if c.attention_bias != (not c.qk_norm) or c.attention_out_bias:
+    from taco.models import LlamaConfig
+
+    llama = isinstance(c, LlamaConfig)
+    if llama and c.attention_bias:
+        raise ValueError(f"{path}: a {model_type} with attention_bias=true cannot be fine-tuned here")
+    if not llama and (c.attention_bias != (not c.qk_norm) or c.attention_out_bias):
         raise ValueError(
             f"{path}: a {model_type} with attention_bias={c.attention_bias} cannot be fine-tuned here "
             "([model] has no attention-bias key: qwen2 has q/k/v biases, qwen3 none)"
         )
     return dict(
-        kind="qwen", vocab_size=c.vocab_size, n_layer=c.num_hidden_layers, n_head=c.num_attention_heads,
+        kind="llama" if llama else "qwen", vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
+        n_head=c.num_attention_heads,
         n_kv_head=c.num_key_value_heads, hidden=c.hidden_size, head_dim=c.head_dim,
         intermediate=c.intermediate_size, tie_embeddings=c.tie_word_embeddings, qk_norm=c.qk_norm,
         rope_theta=c.rope_theta, norm_eps=c.rms_norm_eps, max_positions=c.max_position_embeddings,

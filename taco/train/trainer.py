@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from taco.parallel import ParallelDims
+from taco.train import dcp
 from taco.train.build import build_run
 from taco.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from taco.train.config import Config, config_to_toml
@@ -46,6 +47,8 @@ class Trainer:
         self.cfg, self.dims, self.log = cfg, dims, log
         self.run: Run = build_run(cfg, dims, data_dir, device=device, log=log, observers=observers)
         self.out_dir = Path(cfg.train.out_dir)
+        t = cfg.train  # reshardable checkpoints (taco.train.dcp), saved asynchronously where asked
+        self.dcp = dcp.DCPWriter(self.out_dir, t.checkpoint_async) if t.checkpoint_format == "dcp" else None
 
     def close(self) -> None:
         """Stop the run's DP hook worker (before the process groups go)."""
@@ -53,13 +56,21 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self) -> Path:
+        if self.dcp is not None:  # reshardable (taco.train.dcp)
+            return self.dcp.save(self.run)
         return save_checkpoint(self.out_dir, self.run.iteration, dist.get_rank(), self.run.state())
 
     def maybe_resume(self) -> None:
         d = find_checkpoint(self.cfg.train.resume, self.out_dir)
         if d is None:
             return
-        self.run.load_state(load_checkpoint(d, dist.get_rank(), self.dims.mesh()), d)
+        if dcp.is_dcp(d):  # written at any layout
+            st = dcp.load(self.run, d, self.dcp.group if self.dcp is not None else None)
+            self.run.iteration = st["step"]
+            for site, spec in st.get("site_codecs", {}).items():
+                self.run.policy.set_site_codec(site, spec)
+        else:
+            self.run.load_state(load_checkpoint(d, dist.get_rank(), self.dims.mesh()), d)
         if self.log:
             print(f"resumed from {d} at step {self.run.iteration}", flush=True)
 
@@ -134,6 +145,8 @@ class Trainer:
                 if self.log:
                     print(f"[taco] stop requested: checkpoint of step {step} written to {saved}", flush=True)
                 break
+        if self.dcp is not None:
+            self.dcp.wait()  # the last checkpoint written and committed
         logger.close()
         n = max(steps_done, 1)
         summary = {

@@ -315,8 +315,8 @@ def test_build_model_and_presets() -> None:
     assert build_model("gpt-demo", vocab_size=65).config.vocab_size == 65
     qwen_demo = {k: v for k, v in PRESETS["qwen-demo"].items() if k != "kind"}
     assert isinstance(build_model("qwen", vocab_size=65, **qwen_demo), Qwen)
-    with pytest.raises(ValueError, match="unknown model kind 'llama'"):
-        build_model("llama")
+    with pytest.raises(ValueError, match="unknown model kind 'mamba'"):
+        build_model("mamba")
     with pytest.raises(ValueError, match="valid fields"):
         build_model("gpt-demo", n_layers=3)
     with pytest.raises(ValueError, match="needs vocab_size"):

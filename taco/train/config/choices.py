@@ -35,6 +35,7 @@ class _Choice(str, enum.Enum):
 class ModelKind(_Choice):
     GPT = "gpt"
     QWEN = "qwen"
+    LLAMA = "llama"
 
 
 class PPSchedule(_Choice):

@@ -88,8 +88,10 @@ class ModelConfig(_Section):
     SECTION: typing.ClassVar[str] = "model"
 
     kind: ModelKind = field(default=ModelKind.GPT, metadata={"doc": (
-        'Architecture family: "gpt" (GPT-2: LayerNorm, learned positions, GELU MLP) or "qwen" '
-        "(Qwen2/3: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention).")})
+        'Architecture family: "gpt" (GPT-2: LayerNorm, learned positions, GELU MLP), "qwen" '
+        '(Qwen2/3: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention) or "llama" (Llama 3 and '
+        "Mistral: Qwen's blocks without biases; RoPE scaling and sliding windows come from "
+        "model.init_from).")})
     preset: str = field(default="", metadata={"doc": (
         'Named size preset (taco.models.PRESETS, e.g. "gpt2", "qwen3-0.6b"); "" = none. A preset fills '
         "the size fields; keys written explicitly in the TOML file or on the command line override it.")})
@@ -178,6 +180,8 @@ class ModelConfig(_Section):
                 self._fail("intermediate", 'gpt\'s MLP is 4 * hidden: use 0, or model.kind = "qwen"')
         elif self.dropout:
             self._fail("dropout", 'qwen has no dropout: use 0, or model.kind = "gpt"')
+        elif self.kind == ModelKind.LLAMA and self.qk_norm:
+            self._fail("qk_norm", 'Llama and Mistral have no q/k norm: use false, or model.kind = "qwen"')
         if not 0.0 <= self.dropout < 1.0:
             self._fail("dropout", "must be in [0, 1)")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
@@ -333,6 +337,15 @@ class TrainConfig(_Section):
         "Save a checkpoint every this many steps and at the last step; 0 = only at the last step "
         "(`checkpoint_every` is accepted as its alias). SIGINT or SIGTERM (Ctrl-C) also saves one, of "
         "the step in progress, before the run stops: resume it with train.resume = true.")})
+    checkpoint_format: str = field(default="rank", metadata={"doc": (
+        '"dcp" = torch.distributed.checkpoint: every tensor under a layout-free name with its '
+        "logical shape, so the checkpoint resumes at any parallel.tp/pp/dp/dp_shard the model admits "
+        '(docs/checkpoints.md); "rank" = one file per rank, resumable only on the mesh that wrote it. '
+        "Either format is read back whatever this says.")})
+    checkpoint_async: bool = field(default=True, metadata={"doc": (
+        'With checkpoint_format = "dcp": write in a background thread (torch\'s dcp.async_save), so '
+        "the step waits only for the copy to host memory; the checkpoint becomes `latest` once every "
+        "rank's files are written and checksummed.")})
     resume: bool | str = field(default=False, metadata={"doc": (
         "true = resume from the latest checkpoint in out_dir (starting from step 0, with a note, if "
         "there is none), a path = resume from that checkpoint (an error if it holds none), false = start "
@@ -352,6 +365,8 @@ class TrainConfig(_Section):
         "doc": "Capture the TP tensors every this many steps (when capture_dir is set)."})
 
     def _check(self) -> None:
+        if self.checkpoint_format not in ("dcp", "rank"):
+            self._fail("checkpoint_format", 'choose "dcp" (reshardable) or "rank" (one file per rank)')
         if not self.name:
             self.name = "run"
         if not self.out_dir:
