@@ -136,7 +136,7 @@ def test_finetune_at_tp2_pp2_exports_what_transformers_reads(corpus, tmp_path, f
     from taco.train.config import load_config
     from taco.train.export import export_run
     from taco.train.launch import launch
-    from tests.test_train import tiny_args
+    from tests.helpers.runs import tiny_args
 
     ref = hf_model("llama3", vocab=320)  # the test corpus is tokenized to 300 ids
     ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
