@@ -46,3 +46,17 @@ def test_no_back_arrows():
 def test_no_import_circles():
     mods, pkgs, _, _ = analyse(ROOT / "taco")
     assert mods == [] and pkgs == [], (mods, pkgs)
+
+
+def test_no_test_module_imports_another():
+    """Shared builders live in tests/helpers; a test module importing another couples their fates."""
+    import ast
+
+    tests = ROOT / "tests"
+    hits = []
+    for f in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])  # fmt: skip
+            hits += [f"{f.relative_to(ROOT)}: {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert hits == [], hits

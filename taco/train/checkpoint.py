@@ -14,7 +14,6 @@ different mesh; `load_checkpoint` (in each rank) also refuses a file holding ano
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ import torch.distributed as dist
 
 from taco.parallel.dims import ParallelDims
 from taco.train.errors import CheckpointError
+from taco.train.files import sha256_file, write_atomic
 
 _FIX = "resume from another checkpoint (train.resume = a step directory) or start fresh (train.resume=false)"
 
@@ -36,23 +36,6 @@ def coords_of(mesh: dict[str, int], rank: int) -> dict[str, int]:
     """The (dp, pp, tp) coordinates of `rank` in `mesh` (TP innermost)."""
     c = ParallelDims(dp=mesh["dp"], pp=mesh["pp"], tp=mesh["tp"]).coords(rank)
     return dict(zip(("dp", "pp", "tp"), c))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 def save_checkpoint(out_dir: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
@@ -76,8 +59,8 @@ def save_checkpoint(out_dir: str | Path, step: int, rank: int, state: dict[str, 
         dist.all_gather_object(entries, entry)  # also: every rank file is in place
     if rank == 0:
         meta = {"step": step, "mesh": mesh, "files": {f"rank{e['rank']}.pt": e for e in entries}}
-        _write_atomic(d / "meta.json", json.dumps(meta, indent=1))
-        _write_atomic(Path(out_dir) / "checkpoints" / "latest", d.name)
+        write_atomic(d / "meta.json", json.dumps(meta, indent=1))
+        write_atomic(Path(out_dir) / "checkpoints" / "latest", d.name)
     return d
 
 

@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
 
-from taco.train.checkpoint import _write_atomic, sha256_file
 from taco.train.errors import CheckpointError
+from taco.train.files import sha256_file, write_atomic
 from taco.train.reshard import Piece, dp_restrict, fsdp_rows, tp_pieces
 
 FORMAT = "dcp"
@@ -310,7 +310,7 @@ def commit(tmp: Path, final: Path, step: int, mesh: dict[str, int]) -> None:
         if f.is_file() and f.name != "meta.json":
             files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     meta = {"format": FORMAT, "step": step, "mesh": mesh, "files": files}
-    _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
+    write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
     if final.exists():  # the same step saved again: the older copy goes
         old = final.with_name(final.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -322,7 +322,7 @@ def commit(tmp: Path, final: Path, step: int, mesh: dict[str, int]) -> None:
         os.fsync(fd)  # the rename is on disk before `latest` names it
     finally:
         os.close(fd)
-    _write_atomic(final.parent / "latest", final.name)
+    write_atomic(final.parent / "latest", final.name)
 
 
 # --------------------------------------------------------------------------- loading
