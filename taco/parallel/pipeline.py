@@ -245,7 +245,7 @@ class PipelineEngine:
 
     `module` is what the forward calls: the stage, or its DP wrapper (DDP or FSDP2). `dp_sync`
     (`taco.parallel.dp_sync`) holds the wrapper's gradient reduction back until the step's last
-    backward; the engine calls it and never asks which wrapper it has. None: nothing to sync.
+    backward; the engine calls it and never asks which wrapper it has (required with a wrapper).
     `policy` (a `taco.comm.CommPolicy`) picks the codec of sites `pp.act` and `pp.grad` and keeps
     their statistics; None: plain send/recv. `act_dtype`: the dtype activations and their gradients
     travel in between stages (the trainer passes the training dtype: bf16 training sends bf16, as
@@ -273,6 +273,11 @@ class PipelineEngine:
         schedule_actions(schedule, 0, 1, 1)  # validates the name
         self.overlap_p2p = overlap_p2p
         self.stage, self.dims, self.policy, self.schedule = stage, dims, policy, schedule
+        if module is not None and module is not stage and dp_sync is None:
+            raise ValueError(
+                "PipelineEngine: a wrapped module needs its DP sync, dp_sync=dp_sync_for(module) "
+                "(taco.parallel.dp_sync), or the wrapper would reduce on every micro-batch"
+            )
         self.module = module if module is not None else stage
         self.dp_sync = dp_sync if dp_sync is not None else NoDPSync()
         self.act_dtype, self.autocast = act_dtype, autocast

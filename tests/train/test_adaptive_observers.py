@@ -113,6 +113,12 @@ def _engine_calls_its_dp_sync(rank: int, world: int) -> tuple[int, list[bool], i
     model = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=4, n_embd=32, block_size=8))
     dims = ParallelDims(dp=1, pp=1, tp=1).build()
     stage = PipelineStage(model, 0, 1)
+    wrapper = torch.nn.Sequential(stage)  # any DP wrapper: the engine needs its sync to be given
+    try:
+        PipelineEngine(stage, dims, module=wrapper)
+        raise AssertionError("a wrapped module without dp_sync was accepted")
+    except ValueError as e:
+        assert "dp_sync" in str(e), e
     sync = _RecordingSync()
     engine = PipelineEngine(stage, dims, dp_sync=sync)
     x = torch.randint(0, 64, (6, 8))
