@@ -32,6 +32,16 @@ def _save(plt: Any, fig: Any, path: str) -> None:
     plt.close(fig)
 
 
+def _frame(ax: Any, xlabel: str, ylabel: str, legend_size: int = 8) -> None:
+    """The frame every figure here shares: a log x axis, the axis labels, a grid on the major and
+    minor ticks and the legend."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
 def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, float]]], path: str) -> None:
     """One panel per comm mode: measured speedup (o, with its 95% interval when the sweep has repeated
     rounds), ideal (x) and model (line) vs Mbit/s; the A/A control's band shaded around 1.0. With
@@ -82,12 +92,8 @@ def plot_speedup(rows: list[ReportRow], curves: dict[str, list[tuple[float, floa
         floors = [r.noise_floor for r in rows if r.mode == mode and r.noise_floor is not None]
         if floors:  # the widest A/A half-width of the mode's links
             ax.axhspan(1 - max(floors), 1 + max(floors), color="grey", alpha=0.15, label="A/A noise floor")
-        ax.set_xscale("log")
-        ax.set_xlabel("emulated link (Mbit/s, tc-capped lo)")
-        ax.set_ylabel("end-to-end speedup over the uncompressed run")
         ax.set_title(f"TP traffic: {mode}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        _frame(ax, "emulated link (Mbit/s, tc-capped lo)", "end-to-end speedup over the uncompressed run")
     _save(plt, fig, path)
 
 
@@ -107,11 +113,11 @@ def plot_projection(rows: list[dict[str, Any]], path: str, gpu: str = "H100") ->
         ax.annotate(" / ".join(names), (gbs, 1.0), textcoords="offset points", xytext=(0, -14),
                     ha="center", fontsize=7)  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("TP link bandwidth per GPU (GB/s, achieved, one direction)")
-    ax.set_ylabel(f"modeled step speedup (TACO vs bf16, {gpu})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _frame(
+        ax,
+        "TP link bandwidth per GPU (GB/s, achieved, one direction)",
+        f"modeled step speedup (TACO vs bf16, {gpu})",
+    )
     _save(plt, fig, path)
 
 
@@ -134,15 +140,11 @@ def plot_validation(rows: list[ReportRow], path: str, tolerance: float = 0.15) -
     ax.plot(xs, xs, "k-", lw=0.8)
     ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",
                     alpha=0.15, label=f"+-{tolerance:.0%}")  # fmt: skip
-    ax.set_xscale("log")
     ax.set_yscale("log")
+    _frame(ax, "measured step time (ms)", "modeled step time (ms)", legend_size=7)
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-    for axis in (ax.xaxis, ax.yaxis):
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers on both log axes (after the scales are set)
         axis.set_major_formatter(ScalarFormatter())
         axis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("measured step time (ms)")
-    ax.set_ylabel("modeled step time (ms)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
     _save(plt, fig, path)

