@@ -124,6 +124,11 @@ class CommPolicy:
         self._logged: set[tuple[str, str]] = set()
         self._sites: dict[str, Codec | None] = {}
 
+    @property
+    def default_codec(self) -> Codec | None:
+        """The codec of every site without an override (None: plain collectives)."""
+        return self._default
+
     def set_site_codec(self, site: str, spec: CodecSpec, options: dict[str, Any] | None = None) -> None:
         """Use `spec` at exactly `site` from the next call on, ahead of every glob override.
 

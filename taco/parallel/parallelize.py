@@ -95,8 +95,10 @@ class Parallelized:
 def _shard_dp(stage: PipelineStage, dims: ParallelDims, opts: ParallelOptions, policy: Any) -> nn.Module:
     group = dims.group("dp")
     if not opts.dp_shard:
+        # the DP policy's codec, built once from the config (build_policy); without a policy, the options'
+        codec = policy.default_codec if policy is not None else opts.dp_codec
         return wrap_data_parallel(
-            stage, group, opts.dp_codec, opts.dp_codec_options, policy=policy, overlap=opts.overlap_dp
+            stage, group, codec, opts.dp_codec_options, policy=policy, overlap=opts.overlap_dp
         )
     from .fully_sharded import dp_node_groups, fully_shard_stage
 
