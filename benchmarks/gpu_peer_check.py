@@ -31,7 +31,7 @@ import torch.distributed as dist
 from taco.bench.cluster_noise import ratio_interval
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
-from taco.train.launch import free_port
+from taco.train.procs import free_port
 
 SHAPE = ["--parallel.tp=1", "--train.dtype=bf16", "--compression.tp_codec=none", "--train.eval_steps=1",
          "--train.eval_interval=0", "--compression.telemetry_every=0"]  # fmt: skip
