@@ -310,6 +310,28 @@ def _decode_kernel(
         _store_y(yc, idx, n, y, OUT)
 
 
+@triton.jit
+def _add_term(acc, y, t):
+    """Term t of the in-order sum: y_0, then acc + y_t."""
+    return tl.where(t == 0, y, acc + y)
+
+
+@triton.jit
+def _peer(
+    q_ptr, w_ptr, k, stride, so, rows, ng, idx, n, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr, SB: tl.constexpr,
+):  # fmt: skip
+    """Chunk k's groups `rows` decoded (payload at byte k * stride, scale words after its ng payloads),
+    zero beyond n."""
+    k = tl.cast(k, tl.int64)  # int64 byte offsets
+    s0 = w_ptr + (k * stride) // SB + so
+    y = _decode_tile(q_ptr + k * stride, s0, s0 + ng, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB, R, DOT, BITS,
+                     SFMT, SIGNS, PICK)  # fmt: skip
+    return tl.where(idx < n, y, 0.0)
+
+
 @triton.jit(do_not_specialize=_RUNTIME)
 def _decode_sum_encode_kernel(
     q_ptr, w_ptr, stride, nterms, own_ptr, own_index, oq_ptr, ow_ptr, sum_ptr, n, ng,
@@ -325,17 +347,18 @@ def _decode_sum_encode_kernel(
     for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
+        # s = y_0 + y_1 + ... in order; term own_index is the raw own tile (none: own_index = nterms).
+        # One loop over the peers' chunks with no branch in its body (a runtime branch between the own
+        # load and a decode, or a loop on each side of the own term, keeps the decode's invariants twice
+        # and doubled the live registers): the own tile, loaded once, joins the sum just before peer
+        # own_index (or after the last peer) by a select.
+        own = _load_x(own_ptr, idx, n * (own_index < nterms).to(tl.int64), OWN_IN)  # zeros without one
         acc = tl.zeros((R, G), tl.float32)
-        for t in range(nterms):  # s = y_0 + y_1 + ... in order; term own_index is the raw own tile
-            if t == own_index:
-                y = _load_x(own_ptr, idx, n, OWN_IN)
-            else:
-                k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
-                s0 = w_ptr + (k * stride) // SB + so
-                y = _decode_tile(q_ptr + k * stride, s0, s0 + ng, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB,
-                                 R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
-            y = tl.where(idx < n, y, 0.0)
-            acc = tl.where(t == 0, y, acc + y)
+        for j in range(nterms - 1 + (own_index >= nterms).to(tl.int32)):
+            acc = tl.where(j == own_index, _add_term(acc, own, own_index), acc)
+            acc = _add_term(acc, _peer(q_ptr, w_ptr, j, stride, so, rows, ng, idx, n, sqrt_g, KIND, ROTATE, FMT,
+                                       G, HB, R, DOT, BITS, SFMT, SIGNS, PICK, SB), j + (j >= own_index).to(tl.int32))  # fmt: skip
+        acc = tl.where(own_index == nterms - 1, _add_term(acc, own, own_index), acc)
         if SUM:
             if SUM_OUT == 1:  # bf16: round to nearest even
                 tl.store(sum_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx,
