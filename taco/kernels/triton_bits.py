@@ -79,27 +79,20 @@ def _store_codes(q_ptr, rows, rmask, r, G: tl.constexpr, R: tl.constexpr, BITS: 
 @triton.jit
 def _load_codes(q_ptr, rows, rmask, G: tl.constexpr, R: tl.constexpr, BITS: tl.constexpr):
     """The payload of groups `rows` -> signed integer codes as fp32 [R, G] (0 for masked rows)."""
-    return _load_codes_at(q_ptr, rows, tl.zeros((R,), tl.int32), rmask, G, R, G, BITS)
-
-
-@triton.jit
-def _load_codes_at(q_ptr, grp, c0, gmask, G: tl.constexpr, M: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr):
-    """Codes c0[m] .. c0[m] + K - 1 (c0 a multiple of 8) of group grp[m] of the payload -> signed
-    integer codes as fp32 [M, K] (0 where gmask is false)."""
     if BITS == 8:
-        off = grp[:, None].to(tl.int64) * G + (c0[:, None] + tl.arange(0, K)[None, :])
-        b = tl.load(q_ptr + off, mask=gmask[:, None], other=0)
+        cols = tl.arange(0, G)
+        b = tl.load(q_ptr + rows[:, None].to(tl.int64) * G + cols[None, :], mask=rmask[:, None], other=0)
         return b.to(tl.int8, bitcast=True).to(tl.float32)
     else:
         j = tl.arange(0, 8)
-        blk = c0[:, None, None] // 8 + tl.arange(0, K // 8)[None, :, None]
-        off = grp[:, None, None].to(tl.int64) * (G * BITS // 8) + blk * BITS + j[None, None, :]
-        m = gmask[:, None, None] & (j < BITS)[None, None, :]
+        off = (rows[:, None, None].to(tl.int64) * (G * BITS // 8)
+               + tl.arange(0, G // 8)[None, :, None] * BITS + j[None, None, :])  # fmt: skip
+        m = rmask[:, None, None] & (j < BITS)[None, None, :]
         b = tl.load(q_ptr + off, mask=m, other=0).to(tl.int64)
         w = tl.sum(b << (j * 8).to(tl.int64)[None, None, :], axis=2)
         c = (w[:, :, None] >> (j * BITS).to(tl.int64)[None, None, :]) & ((1 << BITS) - 1)
         c = c - ((c >> (BITS - 1)) << BITS)  # sign-extend
-        return tl.reshape(c.to(tl.float32), (M, K))
+        return tl.reshape(c.to(tl.float32), (R, G))
 
 
 # -- per-group scales (taco.codec.scales): SFMT 0 fp32, 1 bf16, 2 e8m0 -------------------------------
