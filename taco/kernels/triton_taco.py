@@ -424,17 +424,19 @@ def supports(codec, device: torch.device) -> bool:
 TILE = int(os.environ.get("TACO_TRITON_TILE", "2048"))
 """elements per tile (R * G), read once at import"""
 LAUNCH = {
-    "encode": dict(num_warps=8, num_stages=1, maxnreg=168),
-    "decode": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "encode": dict(num_warps=8, num_stages=1, maxnreg=128),
+    "decode": dict(num_warps=8, num_stages=1, maxnreg=128),
     "decode_sum_encode": dict(num_warps=8, num_stages=1, maxnreg=168),
     "decode_sum_encode_int": dict(num_warps=16, num_stages=1),
 }
 """launch options per kernel, from `benchmarks/kernel_resources.py --arch sm_90` (each variant
 compiled for sm_90: registers and spills; docs/design.md 1.3). The rule: no variant spills and none
 holds more than 168 registers. Eight warps on tiles of 2048 elements: a tile's values spread over
-256 threads. One stage: the tile loop carries no loads worth prefetching (each tile is read once)
-and more stages only hold registers and shared memory. The integer codecs' decode-sum-encode runs
-sixteen warps (at most 128 registers, none spilled; at eight warps capped to 168 it spills)."""
+256 threads; encode and decode fit 128 without spilling (two CTAs of eight warps per SM), the
+taco/FP8 decode-sum-encode 168 (one). One stage: the tile loop carries no loads worth prefetching
+(each tile is read once) and more stages only hold registers and shared memory. The integer
+codecs' decode-sum-encode runs sixteen warps (at most 128 registers, none spilled; at eight warps
+capped to 168 it spills)."""
 
 
 def _geometry(g: int) -> tuple[int, int]:
