@@ -41,7 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 KERNELS = ("_encode_kernel", "_decode_kernel", "_decode_sum_encode_kernel")
-EXTRA = ("taco(group_size=32)", "taco(group_size=256)", "taco(group_size=512)", "taco(fmt=e5m2)")
+EXTRA = ("taco(group_size=32)", "taco(group_size=256)", "taco(group_size=512)", "taco(fmt=e5m2)",
+         "int4-hadamard(scale_search=absmax)")  # fmt: skip
+"""Beside the codecs gpu_check times: taco at the other group sizes and E5M2, and int4-hadamard with
+absmax scales (its default least-squares search has no Triton kernel)."""
 
 
 def _codecs(only: str | None) -> list:

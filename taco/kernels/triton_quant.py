@@ -55,9 +55,13 @@ def _int_codes(t, qmax):
 
 
 @triton.jit
-def _int_quant(z, qmax, p, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr):
-    """Rotated rows z [R, G], pre-scaled by p [R] (`_prescale`) -> (codes [R, G] fp32, wire scales [R])."""
-    w, s = _wire_scale(_absmax_scale(z, qmax, R, SFMT), p, SFMT)
+def _int_quant(z, qmax, p, R: tl.constexpr, G: tl.constexpr, SFMT: tl.constexpr, signed=None):
+    """Rotated rows z [R, G], pre-scaled by p [R] (`_prescale`) -> (codes [R, G] fp32, wire scales [R]).
+    signed: the wire scales `_pick` chose (their magnitude is z's scale), instead of z's own."""
+    if signed is None:
+        w, s = _wire_scale(_absmax_scale(z, qmax, R, SFMT), p, SFMT)
+    else:
+        w, s = signed, tl.abs(signed) * p
     return _int_codes(tl.div_rn(z, s[:, None] + tl.zeros((R, G), tl.float32)), qmax), w
 
 
@@ -98,9 +102,12 @@ def _saturate(y, m):
 
 
 @triton.jit
-def _pick(r1, s1, r2, s2):
-    """signs="auto" (functional.int_encode with flips): per row the quantization with the smaller scale,
-    the second (the randomized rotation) where s_2 < s_1 (ties and NaN rows: the first), flagged by
-    a negative scale. -> (codes, signed scales)."""
+def _pick(z1, z2, qmax, p, R: tl.constexpr, SFMT: tl.constexpr):
+    """signs="auto" (functional.int_encode with flips): per row of the two rotations z1, z2 (pre-scaled by
+    p) the one with the smaller wire scale, the second (the randomized rotation) where s_2 < s_1 (ties
+    and NaN rows: the first), flagged by a negative scale. -> (kept rows, signed wire scales); the rows
+    are quantized once, after the choice (`_int_quant(..., signed)`)."""
+    s1 = _wire_scale(_absmax_scale(z1, qmax, R, SFMT), p, SFMT)[0]
+    s2 = _wire_scale(_absmax_scale(z2, qmax, R, SFMT), p, SFMT)[0]
     pick = s2 < s1
-    return tl.where(pick[:, None], r2, r1), tl.where(pick, 0.0 - s2, s1)
+    return tl.where(pick[:, None], z2, z1), tl.where(pick, 0.0 - s2, s1)

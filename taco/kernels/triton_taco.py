@@ -193,11 +193,12 @@ def _encode_tile(
         x = _flip_signs(x, G, SIGNS)
     z = _rotate(x, sqrt_g, R, G, HB, NSPLIT, DOT) if ROTATE else x
     if KIND == 2:
-        r, s = _int_quant(z, qmax, p, R, G, SFMT)
         if PICK:  # the same with x D rotated; the kept one's scale carries the choice in its sign
-            r2, s2 = _int_quant(_rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT),
-                                qmax, p, R, G, SFMT)  # fmt: skip
-            r, s = _pick(r, s, r2, s2)
+            z2 = _rotate(_flip_signs(x, G, SIGNS), sqrt_g, R, G, HB, NSPLIT, DOT)
+            z, w = _pick(z, z2, qmax, p, R, SFMT)
+            r, s = _int_quant(z, qmax, p, R, G, SFMT, w)
+        else:
+            r, s = _int_quant(z, qmax, p, R, G, SFMT)
         _store_codes(q_ptr, rows, rmask, r, G, R, BITS)
     else:
         if KIND == 0:
@@ -285,6 +286,32 @@ def _encode_kernel(
 ):  # fmt: skip
     e, n, ng, bo, so = _chunk(e0, estride, skip, bstride, q, n_end, G, PB, SB)
     xc, qc, s0 = x_ptr + e * tl.where(IN == 0, 4, 2), q_ptr + bo, w_ptr + so  # x_ptr: bytes
+    # the tile loop once per input dtype, with it and the count of bf16 parts of the rotation's input
+    # as constants: runtime branches inside the tile hold their registers at once (docs/design.md 1.3).
+    # NSPLIT follows IN (bf16 1, fp16 2, fp32 3) but for taco (x * s_a: always 3). Integer codes take
+    # fp16's two parts as three: the third is zeros, it can only turn a -0 sum into +0 (code 0 alike).
+    NS_BF16: tl.constexpr = 1 + 2 * (KIND == 0)
+    NS_FP16: tl.constexpr = 2 + (KIND != 1)
+    if IN == 1:
+        _encode_tiles(xc, qc, s0, n, ng, fmax, lam, target, qmax, sqrt_g, 1, NS_BF16,
+                      KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
+    elif IN == 2:
+        _encode_tiles(xc, qc, s0, n, ng, fmax, lam, target, qmax, sqrt_g, 2, NS_FP16,
+                      KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
+    else:
+        _encode_tiles(xc, qc, s0, n, ng, fmax, lam, target, qmax, sqrt_g, 0, 3,
+                      KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
+
+
+@triton.jit
+def _encode_tiles(
+    xc, qc, s0, n, ng, fmax, lam, target, qmax, sqrt_g, IN: tl.constexpr, NSPLIT: tl.constexpr,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr,
+):  # fmt: skip
+    """This program's tiles of a chunk: load, encode (xc: the chunk's input bytes, qc: its payload,
+    s0: its scale words)."""
     for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
@@ -310,6 +337,28 @@ def _decode_kernel(
         _store_y(yc, idx, n, y, OUT)
 
 
+@triton.jit
+def _add_term(acc, y, t):
+    """Term t of the in-order sum: y_0, then acc + y_t."""
+    return tl.where(t == 0, y, acc + y)
+
+
+@triton.jit
+def _peer(
+    q_ptr, w_ptr, k, stride, so, rows, ng, idx, n, sqrt_g,
+    KIND: tl.constexpr, ROTATE: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, HB: tl.constexpr,
+    R: tl.constexpr, DOT: tl.constexpr, BITS: tl.constexpr, SFMT: tl.constexpr, SIGNS: tl.constexpr,
+    PICK: tl.constexpr, SB: tl.constexpr,
+):  # fmt: skip
+    """Chunk k's groups `rows` decoded (payload at byte k * stride, scale words after its ng payloads),
+    zero beyond n."""
+    k = tl.cast(k, tl.int64)  # int64 byte offsets
+    s0 = w_ptr + (k * stride) // SB + so
+    y = _decode_tile(q_ptr + k * stride, s0, s0 + ng, rows, ng, sqrt_g,
+                     KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
+    return tl.where(idx < n, y, 0.0)
+
+
 @triton.jit(do_not_specialize=_RUNTIME)
 def _decode_sum_encode_kernel(
     q_ptr, w_ptr, stride, nterms, own_ptr, own_index, oq_ptr, ow_ptr, sum_ptr, n, ng,
@@ -325,17 +374,20 @@ def _decode_sum_encode_kernel(
     for tile in range(tl.program_id(0), tl.cdiv(ng, R), tl.num_programs(0)):
         rows = tile * R + tl.arange(0, R)
         idx = rows[:, None].to(tl.int64) * G + tl.arange(0, G)[None, :]
+        # s = y_0 + y_1 + ... in order; term own_index is the raw own tile (none: own_index = nterms).
+        # One loop over the peers' chunks with no branch in its body (a runtime branch between the own
+        # load and a decode, or a loop on each side of the own term, keeps the decode's invariants twice
+        # and doubled the live registers): the own tile, loaded once, joins the sum just before peer
+        # own_index (or after the last peer) by a select.
+        own = _load_x(own_ptr, idx, n * (own_index < nterms).to(tl.int64), OWN_IN)  # zeros without one
         acc = tl.zeros((R, G), tl.float32)
-        for t in range(nterms):  # s = y_0 + y_1 + ... in order; term own_index is the raw own tile
-            if t == own_index:
-                y = _load_x(own_ptr, idx, n, OWN_IN)
-            else:
-                k = (t - (t > own_index).to(tl.int32)).to(tl.int64)  # chunk index; int64 byte offsets
-                s0 = w_ptr + (k * stride) // SB + so
-                y = _decode_tile(q_ptr + k * stride, s0, s0 + ng, rows, ng, sqrt_g, KIND, ROTATE, FMT, G, HB,
-                                 R, DOT, BITS, SFMT, SIGNS, PICK)  # fmt: skip
-            y = tl.where(idx < n, y, 0.0)
-            acc = tl.where(t == 0, y, acc + y)
+        for j in range(nterms - 1 + (own_index >= nterms).to(tl.int32)):  # peer j is term t
+            t = j + (j >= own_index).to(tl.int32)
+            acc = tl.where(j == own_index, _add_term(acc, own, own_index), acc)
+            y = _peer(q_ptr, w_ptr, j, stride, so, rows, ng, idx, n, sqrt_g,
+                      KIND, ROTATE, FMT, G, HB, R, DOT, BITS, SFMT, SIGNS, PICK, SB)  # fmt: skip
+            acc = _add_term(acc, y, t)
+        acc = tl.where(own_index == nterms - 1, _add_term(acc, own, own_index), acc)
         if SUM:
             if SUM_OUT == 1:  # bf16: round to nearest even
                 tl.store(sum_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + idx,
@@ -372,18 +424,19 @@ def supports(codec, device: torch.device) -> bool:
 TILE = int(os.environ.get("TACO_TRITON_TILE", "2048"))
 """elements per tile (R * G), read once at import"""
 LAUNCH = {
-    "encode": dict(num_warps=8, num_stages=1, maxnreg=168),
-    "decode": dict(num_warps=8, num_stages=1, maxnreg=168),
-    "decode_sum_encode": dict(num_warps=8, num_stages=1),
-    "decode_sum_encode_int": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "encode": dict(num_warps=8, num_stages=1, maxnreg=128),
+    "decode": dict(num_warps=8, num_stages=1, maxnreg=128),
+    "decode_sum_encode": dict(num_warps=8, num_stages=1, maxnreg=168),
+    "decode_sum_encode_int": dict(num_warps=16, num_stages=1),
 }
 """launch options per kernel, from `benchmarks/kernel_resources.py --arch sm_90` (each variant
-compiled for sm_90: registers and spills; docs/design.md 1.3). Eight warps on half the tiles of
-four: a tile's values spread over twice the threads. One stage: the tile loop carries no loads
-worth prefetching (each tile is read once) and more stages only hold registers and shared memory.
-The integer codecs' decode-sum-encode fits 168 registers without spilling (208-226 uncapped), but
-for int4 (211 uncapped, spills when capped); the FP8 and taco ones have no cap: capped at 168 they
-spill more than at their natural 255. At eight warps any count from 129 to 255 leaves one CTA per SM."""
+compiled for sm_90: registers and spills; docs/design.md 1.3). The rule: no variant spills and none
+holds more than 168 registers. Eight warps on tiles of 2048 elements: a tile's values spread over
+256 threads; encode and decode fit 128 without spilling (two CTAs of eight warps per SM), the
+taco/FP8 decode-sum-encode 168 (one). One stage: the tile loop carries no loads worth prefetching
+(each tile is read once) and more stages only hold registers and shared memory. The integer
+codecs' decode-sum-encode runs sixteen warps (at most 128 registers, none spilled; at eight warps
+capped to 168 it spills)."""
 
 
 def _geometry(g: int) -> tuple[int, int]:
@@ -466,8 +519,7 @@ class _Spec:
         self.sqrt_g = math.sqrt(g)
         self.pb, self.sb = g * bits // 8, _SCALE_DTYPE[sfmt].itemsize  # bytes per group's payload, scale
         self.sdtype = _SCALE_DTYPE[sfmt]
-        # capped where that costs no spill (int4's nibbles spill 48 bytes under the cap: kernel_resources)
-        self.dse_launch = "decode_sum_encode_int" if self.kind == 2 and bits != 4 else "decode_sum_encode"
+        self.dse_launch = "decode_sum_encode_int" if self.kind == 2 else "decode_sum_encode"  # LAUNCH
         self._consts = dict(
             KIND=self.kind, ROTATE=self.rotate, FMT=self.fmt, G=self.g, HB=self.hb, R=self.r, DOT=_DOT,
             BITS=self.bits, SFMT=self.sfmt, SIGNS=self.signs, PICK=self.pick, PB=self.pb, SB=self.sb,

@@ -135,11 +135,6 @@ def test_one_compiled_kernel_per_codec_whatever_the_sizes_and_dtypes():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the taco-family decode-sum-encode holds 255 registers with 24-48 bytes of spill and int4's "
-    "211 registers on sm_90 (docs/design.md 1.3); every other kernel meets the bound",
-)
 def test_kernel_resources_sm90_no_spills(tmp_path):
     """benchmarks/kernel_resources.py: every shipped variant compiled for sm_90 (ptxas bundled with
     triton, no GPU): no spills, at most 168 registers (three CTAs of 128 threads per SM)."""
