@@ -205,7 +205,7 @@ def test_sync_save_equals_async_save_and_bf16_masters_follow_their_weights(corpu
     bf16 = tmp_path / "bf16"
     launch(qwen(corpus, bf16, "--parallel.tp=2", "--train.steps=2", "--train.dtype=bf16"))
     c = _all_tensors(bf16 / "checkpoints" / "step_0000002", tmp_path)
-    masters = [k for k in c if k.endswith("/master")]
+    masters = [k for k in c if k.startswith("optim/") and k.endswith("/master")]
     assert masters and len(masters) == len([k for k in c if k.startswith("model/")])
     for k in masters:
         weight = c["model/" + k.removeprefix("optim/").removesuffix("/master")]
