@@ -245,6 +245,15 @@ def references(root: nn.Module) -> dict[str, torch.Tensor | None]:
     return out
 
 
+def set_references(root: nn.Module, refs: dict[str, torch.Tensor | None]) -> None:
+    """Restore `references` (by module name; a group missing from `refs` starts exact again)."""
+    for name, m in _fsdp_modules(root):
+        c = _all_gather_comm(m)
+        if c is not None:
+            ref = refs.get(name)
+            c.ref = None if ref is None else ref.to(next(m.parameters()).device)
+
+
 def _to_local(obj: Any) -> Any:
     if isinstance(obj, DTensor):
         return obj.to_local().detach().clone()

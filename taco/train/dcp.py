@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
 
+from taco.parallel import fully_sharded
 from taco.train.errors import CheckpointError
 from taco.train.files import sha256_file, write_atomic
 from taco.train.reshard import Piece, dp_restrict, fsdp_rows, tp_pieces
@@ -183,10 +184,15 @@ def rank_tensors(run: Any, for_load: bool = False) -> tuple[dict[str, Any], list
     out: dict[str, Any] = {}
     padded: list[torch.Tensor] = []
 
+    replica = f"tp_replica/{_mesh_key(run)}/tp{dims.tp_rank}/"
+
     def add(prefix: str, suffix: str, t: torch.Tensor, ps: list[Piece]) -> None:
         local = _local(t)
         for pc in ps:
-            out[f"{prefix}{pc.key}{suffix}"] = Chunk(local[pc.local], pc.offsets, pc.size)
+            key = f"{prefix}{pc.key}{suffix}"
+            out[key] = Chunk(local[pc.local], pc.offsets, pc.size)
+            if dims.tp > 1 and pc.replicated:  # a copy on every TP rank: also saved as its own
+                out[replica + key] = out[key]
         if sum(_numel(pc.shape) for pc in ps) != local.numel():
             padded.append(local)  # holds rows past the real vocabulary
 
@@ -216,6 +222,18 @@ def rank_tensors(run: Any, for_load: bool = False) -> tuple[dict[str, Any], list
 def _vocab_rows(model: torch.nn.Module, tp: int) -> int:
     emb = getattr(model, "tok_emb", None) or getattr(model, "lm_head", None)
     return model.config.vocab_size if emb is None else emb.weight.shape[0] * tp
+
+
+def _mesh_key(run: Any) -> str:
+    m = run.dims.mesh()
+    return f"dp{m['dp']}-pp{m['pp']}-tp{m['tp']}-sp{m['sp']}"
+
+
+def _refs_key(run: Any) -> str:
+    """FSDP2's weight-difference references: one per (pp, tp) coordinate, equal on its DP ranks,
+    meaningful only on the same mesh (their flat buffers follow the parameter groups)."""
+    d = run.dims
+    return f"fsdp_refs/{_mesh_key(run)}/pp{d.pp_rank}-tp{d.tp_rank}"
 
 
 def _extra(run: Any) -> dict[str, Any]:
@@ -265,6 +283,11 @@ class DCPWriter:
         # the snapshot: host copies taken now, so training may change the live tensors meanwhile
         state: dict[str, Any] = {k: _host_copy(v) for k, v in tensors.items()}
         state["train"] = _extra(run)
+        if run.sharded:
+            refs = fully_sharded.references(run.stage)
+            state[_refs_key(run)] = {
+                k: None if v is None else v.detach().cpu().clone() for k, v in refs.items()
+            }
         state[f"rng/{dist.get_world_size()}/{rank}"] = _rng()
         mesh = dict(run.dims.mesh(), dp_shard=int(run.sharded))
         writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
@@ -365,10 +388,23 @@ def load(run: Any, step_dir: Path, group: Any = None) -> dict[str, Any]:
     for t in padded:
         t.zero_()  # the rows padded for this tp: zeros (never targets, never looked up)
     state: dict[str, Any] = {k: v for k, v in tensors.items() if k != "optim/step" or k in saved}
+    # Tensors every TP rank holds a copy of may drift apart in the last bits (reductions that do not
+    # give every rank the same bits): on the mesh that wrote them, each rank reads its own copy.
+    replica = f"tp_replica/{_mesh_key(run)}/"
+    same_mesh = any(k.startswith(replica) for k in saved)
+    for k in [k for k in state if k.startswith("tp_replica/")]:
+        shared = k.split("/", 3)[3]
+        if same_mesh and k in saved:
+            del state[shared]
+        else:
+            del state[k]
     state["train"] = {}
     rng_key = f"rng/{dist.get_world_size()}/{dist.get_rank()}"
     if rng_key in saved:
         state[rng_key] = {}
+    refs_key = _refs_key(run)
+    if run.sharded and refs_key in saved:  # the same mesh: the references as they were
+        state[refs_key] = {}
     missing = sorted(k for k in state if k not in saved and not k.startswith("optim/"))
     if missing:
         raise CheckpointError(
@@ -385,6 +421,8 @@ def load(run: Any, step_dir: Path, group: Any = None) -> dict[str, Any]:
             if st and "step" in st:
                 st["step"].copy_(state["optim/step"])
     _masters_to_params(run.opt)
+    if run.sharded:  # another mesh: every parameter group starts with an exact gather
+        fully_sharded.set_references(run.stage, state.get(refs_key, {}))
     if rng_key in state:
         import random
 

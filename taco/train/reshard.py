@@ -48,6 +48,8 @@ class Piece:
     """Where it starts in the logical tensor."""
     size: tuple[int, ...]
     """Shape of the logical tensor."""
+    replicated: bool = False
+    """Every TP rank holds the whole logical tensor (norms, row-parallel biases)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -55,7 +57,7 @@ class Piece:
 
 
 def _whole(key: str, t: torch.Tensor) -> Piece:
-    return Piece(key, tuple(slice(0, n) for n in t.shape), (0,) * t.dim(), tuple(t.shape))
+    return Piece(key, tuple(slice(0, n) for n in t.shape), (0,) * t.dim(), tuple(t.shape), replicated=True)
 
 
 def _rows(key: str, t: torch.Tensor, lo: int, hi: int, start: int, total: int) -> Piece:
