@@ -70,14 +70,19 @@ def in_piece() -> bool:
     return getattr(_LOCAL, "turns", None) is not None
 
 
-def overlapped(start: Callable[[], Any]) -> torch.Tensor:
-    """Run one collective from a piece: `start()` issues it (returns a `taco.comm.Handle`), the
-    other pieces compute while it is in flight, then its result. Outside a piece: start and wait."""
-    handle = start()
+def yield_turn() -> None:
+    """From a piece: let the other pieces run until the turn comes back (no-op outside pieces)."""
     turns = getattr(_LOCAL, "turns", None)
     if turns is not None:
         turns.pass_on(_LOCAL.index)
         turns.take(_LOCAL.index)
+
+
+def overlapped(start: Callable[[], Any]) -> torch.Tensor:
+    """Run one collective from a piece: `start()` issues it (returns a `taco.comm.Handle`), the
+    other pieces compute while it is in flight, then its result. Outside a piece: start and wait."""
+    handle = start()
+    yield_turn()
     return handle.wait()
 
 
@@ -114,9 +119,92 @@ def _caller_state() -> Callable[[], contextlib.ExitStack]:
     return enter
 
 
-def run_pieces(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, chunks: int) -> torch.Tensor:
+def _in_turns(work: Callable[[int], Any], chunks: int) -> list[Any]:
+    """[work(0), ..., work(chunks-1)], each on its own worker, taking turns (module docstring)."""
+    turns = _Turns(chunks)
+    enter = _caller_state()
+
+    def run(i: int) -> Any:
+        _LOCAL.turns, _LOCAL.index = turns, i
+        try:
+            turns.take(i)
+            with enter():
+                return work(i)
+        finally:
+            _LOCAL.turns = None
+            turns.pass_on(i, finished=True)  # a failed piece lets the others finish
+
+    futures = [_pool(chunks).submit(run, i) for i in range(chunks)]
+    outs, error = [], None
+    for f in futures:
+        try:
+            outs.append(f.result())
+        except BaseException as e:  # wait for every piece before raising the first error
+            error = error or e
+    if error is not None:
+        raise error
+    return outs
+
+
+class _Pieces(torch.autograd.Function):
+    """forward: the pieces' forwards, taking turns; backward: the pieces' backwards, taking turns.
+
+    Each piece's graph is built in forward (on detached inputs) and kept; backward runs
+    `torch.autograd.grad` of each piece on its worker, so piece i's backward collectives are in
+    flight while piece i+1's backward computes, and returns the input gradient (the pieces'
+    concatenated) and each parameter's gradient summed over the pieces, so every parameter's
+    gradient arrives once, through this node (DDP's hooks see one gradient per step, as without
+    the split).
+    """
+
+    @staticmethod
+    def forward(fctx, x, fn, chunks, *params):
+        xs = [p.detach().requires_grad_(x.requires_grad) for p in x.chunk(chunks, dim=0)]
+
+        def piece(i: int) -> torch.Tensor:
+            with torch.enable_grad():
+                return fn(xs[i])
+
+        ys = _in_turns(piece, chunks)
+        fctx.xs, fctx.ys, fctx.params, fctx.chunks = xs, ys, params, chunks
+        return torch.cat([y.detach() for y in ys], dim=0)
+
+    @staticmethod
+    def backward(fctx, g):
+        gs = g.chunk(fctx.chunks, dim=0)
+        wants = [p for p, need in zip(fctx.params, fctx.needs_input_grad[3:], strict=True) if need]
+        with_x = fctx.needs_input_grad[0]
+
+        def piece(i: int) -> tuple[torch.Tensor | None, ...]:
+            inputs = ([fctx.xs[i]] if with_x else []) + wants
+            return torch.autograd.grad(fctx.ys[i], inputs, gs[i], allow_unused=True)
+
+        per_piece = _in_turns(piece, fctx.chunks)
+        fctx.xs = fctx.ys = None  # the pieces' graphs are freed with them
+        dx = None
+        if with_x:  # [b, ...]: the pieces' input gradients, in order
+            dxs = [parts[0] for parts in per_piece]
+            dx = torch.cat([torch.zeros_like(gi) if d is None else d for d, gi in zip(dxs, gs, strict=True)])
+            per_piece = [parts[1:] for parts in per_piece]
+        sums = []  # each wanted parameter's gradient, summed over the pieces in piece order
+        for parts in zip(*per_piece, strict=True):
+            got = [t for t in parts if t is not None]
+            sums.append(None if not got else sum(got[1:], got[0]))
+        grads = iter(sums)
+        param_grads = [next(grads) if need else None for need in fctx.needs_input_grad[3:]]
+        return (dx, None, None, *param_grads)
+
+
+def run_pieces(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    chunks: int,
+    params: list[torch.nn.Parameter] | tuple = (),
+) -> torch.Tensor:
     """`fn(x)` computed as `cat([fn(x_0), ..., fn(x_{k-1})])` with x split along dim 0 into `chunks`
-    equal pieces whose TP collectives overlap the other pieces' compute (module docstring).
+    equal pieces whose TP collectives, forward and backward, overlap the other pieces' compute
+    (module docstring). `params`: every parameter `fn` uses (their gradients come back through
+    one autograd node; with grad off they are not needed).
 
     x: [b, ...] with b divisible by `chunks`; fn maps [b_i, ...] -> [b_i, ...]. chunks = 1 (or
     called from inside a piece): plain `fn(x)`."""
@@ -129,30 +217,10 @@ def run_pieces(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, chun
             f"batch-split overlap: the micro-batch of {x.shape[0]} sequences is not divisible by "
             f"parallel.tp_overlap_chunks={chunks}; pick a micro-batch size that is a multiple of it"
         )
+    if torch.is_grad_enabled():
+        return _Pieces.apply(x, fn, chunks, *[p for p in params if p.requires_grad])
     pieces = x.chunk(chunks, dim=0)
-    turns = _Turns(chunks)
-    enter = _caller_state()
-
-    def work(i: int) -> torch.Tensor:
-        _LOCAL.turns, _LOCAL.index = turns, i
-        try:
-            turns.take(i)
-            with enter():
-                return fn(pieces[i])
-        finally:
-            _LOCAL.turns = None
-            turns.pass_on(i, finished=True)  # a failed piece lets the others finish
-
-    futures = [_pool(chunks).submit(work, i) for i in range(chunks)]
-    outs, error = [], None
-    for f in futures:
-        try:
-            outs.append(f.result())
-        except BaseException as e:  # wait for every piece before raising the first error
-            error = error or e
-    if error is not None:
-        raise error
-    return torch.cat(outs, dim=0)
+    return torch.cat(_in_turns(lambda i: fn(pieces[i]), chunks), dim=0)
 
 
 def check_piece_counts(chunks: int, group: dist.ProcessGroup | None, device: torch.device | str) -> None:

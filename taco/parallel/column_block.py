@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .batch_split import yield_turn
 from .mappings import tp_input
 from .regions import TPContext, start_tp_all_reduce
 
@@ -68,6 +69,8 @@ class _ColumnEntry(torch.autograd.Function):
             if fctx.biases[i]:
                 grads.append(db.to(fctx.dtypes[j + 1]) if db is not None else None)
         fctx.pending.saved = [[] for _ in fctx.pending.saved]  # free them (retain_graph: refilled)
+        if wait is not None:
+            yield_turn()  # batch-split: the other pieces run while the all-reduce is in flight
         dx = wait() if wait is not None else None
         return (dx, None, None, None, None, *grads)
 

@@ -15,14 +15,15 @@ from tests.helpers.runs import parallel_step
 
 
 def _layouts(rank: int, world: int) -> list[dict]:
-    out = [
-        parallel_step(rank, world, "gpt", 1, 1, world, tp_overlap_chunks=2),  # TP
-        parallel_step(rank, world, "qwen", 1, 1, world, sp=True, tp_overlap_chunks=2),  # TP+SP
+    if world == 2:
+        return [
+            parallel_step(rank, world, "gpt", 1, 1, 2, tp_overlap_chunks=2),  # TP
+            parallel_step(rank, world, "qwen", 1, 1, 2, sp=True, tp_overlap_chunks=2),  # TP+SP
+        ]
+    return [
+        parallel_step(rank, world, "gpt", 1, 2, 2, n_micro=2, tp_overlap_chunks=2),  # TP+PP (1F1B)
+        parallel_step(rank, world, "qwen", 2, 1, 2, sp=True, tp_overlap_chunks=2),  # TP+SP+DP (DDP)
     ]
-    if world == 4:
-        out.append(parallel_step(rank, world, "gpt", 1, 2, 2, n_micro=2, tp_overlap_chunks=2))  # TP+PP
-        out.append(parallel_step(rank, world, "gpt", 2, 1, 2, tp_overlap_chunks=2))  # TP+DP (DDP)
-    return out
 
 
 def test_batch_split_matches_the_unsplit_reference_tp_and_sp():
@@ -34,7 +35,7 @@ def test_batch_split_matches_the_unsplit_reference_tp_and_sp():
 @pytest.mark.slow  # 4 gloo ranks
 def test_batch_split_matches_the_unsplit_reference_with_pp_and_dp():
     for res in run_distributed(_layouts, 4, timeout=240):
-        assert len(res) == 4 and all(r["checked"] > 0 for r in res)
+        assert len(res) == 2 and all(r["checked"] > 0 for r in res)
         assert all(abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]) for r in res)
 
 
@@ -100,3 +101,48 @@ def test_run_pieces_checks_the_split_and_passes_errors():
         run_pieces(boom, torch.zeros(4, 2), 2)
     y = run_pieces(lambda h: h * 2, torch.arange(4.0), 2)
     assert torch.equal(y, torch.arange(4.0) * 2)
+
+
+class _LoggedReduceGrad(torch.autograd.Function):
+    """forward: identity; backward: an all-reduce of the gradient from the piece, logged."""
+
+    @staticmethod
+    def forward(fctx, x, log):
+        fctx.log = log
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(fctx, g):
+        i = int(g[0, 0].item())
+
+        def start() -> Handle:
+            y = g.clone()
+            work = dist.all_reduce(y, async_op=True)
+            fctx.log.append(f"start {i}")
+
+            def steps():
+                yield
+                work.wait()
+                return y
+
+            return Handle.start(steps())
+
+        y = overlapped(start)
+        fctx.log.append(f"done {i}")
+        return y / dist.get_world_size(), None
+
+
+def _backward_order(rank: int, world: int) -> tuple[list[str], list[float], list[float]]:
+    log: list[str] = []
+    w = torch.nn.Parameter(torch.ones(3))
+    x = torch.arange(2.0).repeat_interleave(3).view(2, 3).requires_grad_()
+    out = run_pieces(lambda h: _LoggedReduceGrad.apply(h * w, log), x, 2, [w])
+    out.backward(x.detach() + 0.0)  # piece i's gradient holds the value i
+    return log, w.grad.tolist(), x.grad.flatten().tolist()
+
+
+def test_backward_pieces_take_turns_and_gradients_come_back_once():
+    for log, wgrad, xgrad in run_distributed(_backward_order, 2, timeout=60):
+        assert log == ["start 0", "start 1", "done 0", "done 1"]  # 0's all-reduce in flight under 1
+        assert wgrad == [1.0, 1.0, 1.0]  # sum over pieces of g_i * x_i: 0*0 + 1*1
+        assert xgrad == [0.0] * 3 + [1.0] * 3
