@@ -24,9 +24,10 @@ def split_label(label: str) -> tuple[str, bool]:
 
 
 def configure(cfg: Any, label: str) -> None:
-    """Set `cfg.parallel.tp_overlap` to batch-split for an overlap row, "none" otherwise."""
-    choice = type(cfg.parallel.tp_overlap)
-    cfg.parallel.tp_overlap = choice.parse("batch-split" if split_label(label)[1] else "none", "tp_overlap")
+    """Set `cfg.parallel.tp_overlap` to batch-split for an overlap row; other rows keep the sweep's
+    config (`--set parallel.tp_overlap=batch-split` overlaps every run)."""
+    if split_label(label)[1]:
+        cfg.parallel.tp_overlap = type(cfg.parallel.tp_overlap).parse("batch-split", "tp_overlap")
 
 
 def ideal(label: str, f: float, r: float) -> float:

@@ -49,5 +49,8 @@ def test_overlap_labels_plan_batch_split_runs_of_their_codec(tmp_path):
         "none+overlap": ("none", "batch-split"),
     }
     assert overlap.split_label("+overlap") == ("none", True)
+    everywhere = load_config(None, ["--train.batch_size=2", "--parallel.tp_overlap=batch-split"])
+    specs = cluster.plan_runs(everywhere, args, tmp_path)
+    assert {s["config"]["parallel"]["tp_overlap"] for s in specs} == {"batch-split"}
     rates = cluster.codec_rates(["int6-hadamard+overlap", "int6-hadamard"], 4096, 1, "auto")
     assert set(rates) == {"int6-hadamard/bf16", "int6-hadamard/fp32"}
