@@ -45,3 +45,12 @@ def test_batch_split_with_a_codec_and_recompute_trains(corpus, tmp_path):
 def test_batch_split_config_refuses_what_it_does_not_run(corpus, tmp_path, extra, match):
     with pytest.raises(ValueError, match=match):
         tiny(corpus, tmp_path / "x", *SPLIT[:1], *extra)
+
+
+def test_batch_split_with_sp_and_the_adaptive_wing_trains(corpus, tmp_path):
+    wing = ["--compression.calibrate=true", "--compression.calibrate_steps=2"]
+    wing += ["--compression.telemetry_every=2", "--compression.when=auto"]
+    wing += ["--compression.auto_warmup_steps=1", "--compression.auto_repeats=2"]
+    res = launch(tiny(corpus, tmp_path / "wing", "--parallel.sp=true", *wing, *SPLIT))
+    assert math.isfinite(res["final_val_loss"])
+    assert (tmp_path / "wing" / "calibration.json").is_file()
