@@ -189,6 +189,8 @@ class _Pieces(torch.autograd.Function):
         sums = []  # each wanted parameter's gradient, summed over the pieces in piece order
         for parts in zip(*per_piece, strict=True):
             got = [t for t in parts if t is not None]
+            if len(got) > 1 and got[0].dtype != torch.float32:  # bf16 weights: summed in fp32
+                got = [sum((t.float() for t in got[1:]), got[0].float()).to(got[0].dtype)]
             sums.append(None if not got else sum(got[1:], got[0]))
         grads = iter(sums)
         param_grads = [next(grads) if need else None for need in fctx.needs_input_grad[3:]]
