@@ -146,3 +146,15 @@ def test_backward_pieces_take_turns_and_gradients_come_back_once():
         assert log == ["start 0", "start 1", "done 0", "done 1"]  # 0's all-reduce in flight under 1
         assert wgrad == [1.0, 1.0, 1.0]  # sum over pieces of g_i * x_i: 0*0 + 1*1
         assert xgrad == [0.0] * 3 + [1.0] * 3
+
+
+def test_pieces_run_under_the_callers_autocast_and_grad_mode():
+    w = torch.nn.Parameter(torch.ones(3, 3))
+    x = torch.ones(4, 3)
+    with torch.autocast("cpu", torch.bfloat16):
+        y = run_pieces(lambda h: h @ w, x, 2, [w])
+    assert y.dtype == torch.bfloat16 and y.requires_grad
+    y.float().sum().backward()
+    assert torch.equal(w.grad, torch.full((3, 3), 4.0))  # 4 rows of ones, summed over the pieces
+    with torch.no_grad():
+        assert not run_pieces(lambda h: h @ w, x, 2, [w]).requires_grad

@@ -56,8 +56,10 @@ def test_batch_split_with_sp_and_the_adaptive_wing_trains(corpus, tmp_path):
     assert (tmp_path / "wing" / "calibration.json").is_file()
 
 
-def test_batch_split_in_bf16_stays_on_the_unsplit_curve(corpus, tmp_path):
+@pytest.mark.parametrize("mp", ["master", "autocast"])  # autocast: entered on each piece's worker
+def test_batch_split_in_bf16_stays_on_the_unsplit_curve(corpus, tmp_path, mp):
     args = ["--compression.tp_codec=none", "--train.log_interval=1", "--train.dtype=bf16"]
+    args.append(f"--train.mixed_precision={mp}")
     launch(tiny(corpus, tmp_path / "plain", *args))
     launch(tiny(corpus, tmp_path / "split", *args, *SPLIT))
     assert _rel(losses(tmp_path / "split"), losses(tmp_path / "plain")) <= 1e-2  # bf16 rounding only
