@@ -38,10 +38,15 @@
 #                                 skipped, with a line, where megatron-core is not importable
 #   train-tp2             50 s    the same at --parallel.tp=2 over NCCL with the taco codec, when the
 #                                 machine has 2 GPUs (skipped, with a line, otherwise)
-#   total                565 s    at most (+ 5 s of kill grace per step); a warm run is far shorter
+#   train-overlap         55 s    the trainer with and without parallel.tp_overlap = "batch-split"
+#                                 (int6-hadamard TP codec, 20 steps each), tokens/s of both and their
+#                                 ratio: TP=2 over NCCL with 2 GPUs; with one GPU (NCCL takes one GPU per
+#                                 rank) TP=1, which times the pieces' worker threads on CUDA, no overlap;
+#                                 the dry run: TP=2 over gloo on the CPU
+#   total                620 s    at most (+ 5 s of kill grace per step); a warm run is far shorter
 # Compiles: TRITON_CACHE_DIR is a fresh folder of the run (a cold cache), and each step's count of
 # new compiled kernels (.cubin files) is in the summary; the whole script's is the last line. Sizes
-# and dtypes are runtime arguments of the kernels, so a codec compiles three kernels: 39 in all,
+# and dtypes are runtime arguments of the kernels, so a codec compiles three kernels: 33 in all,
 # counted without a GPU by `python benchmarks/gpu_check_compiles.py` (every step's launches filed
 # under their GPU cache keys).
 # Timings (benchmarks/gpu_check.py): CUDA events around back-to-back calls queued behind a sleep
@@ -232,7 +237,29 @@ step_train_tp2() {
     --train.checkpoint_interval="$TRAIN_STEPS" --train.resume=false || exit 1
   python benchmarks/gpu_check.py train-check "$run" --device cuda
 }
+step_train_overlap() {
+  [[ -f $WORK/data_args ]] || { echo "KEY no data set: the train-data step failed"; exit 77; }
+  local gpus tp=1 steps=20 mode
+  gpus=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  [[ $DRY == 1 || $gpus -ge 2 ]] && tp=2
+  [[ $DRY == 1 ]] && steps=6
+  for mode in none batch-split; do
+    rm -rf "$WORK/run-overlap-$mode"
+    # shellcheck disable=SC2046 # data_args is a list of --key=value words without spaces
+    python -m taco.cli train --config configs/demo.toml --train.device="$DEV" --train.steps="$steps" \
+      --parallel.tp="$tp" --compression.tp_codec=int6-hadamard --compression.tp_codec_options={} \
+      --parallel.tp_overlap="$mode" \
+      $(cat "$WORK/data_args") --train.out_dir="$WORK/run-overlap-$mode" --train.eval_interval="$steps" \
+      --train.eval_steps=2 --train.log_interval=10 --train.checkpoint_interval=0 --train.resume=false || exit 1
+  done
+  python - "$WORK/run-overlap-none" "$WORK/run-overlap-batch-split" "$tp" <<'PY'
+import json, sys
+a, b = (json.load(open(d + "/summary.json"))["tokens_per_s"] for d in sys.argv[1:3])
+print(f"KEY TP={sys.argv[3]} int6-hadamard: {a:,.0f} tok/s, batch-split {b:,.0f} tok/s ({b / a:.2f}x)")
+PY
+}
 export -f step_setup step_kernel_tests step_data step_train step_recompute step_peer step_loopback step_train_tp2
+export -f step_train_overlap
 
 # -- the runner ------------------------------------------------------------------------------------
 NAMES=() STATUS=() SECS=() TMOS=() RCS=() KEYS=() COMPILES=()
@@ -277,6 +304,7 @@ run_step train "$T_TRAIN" bash -c step_train
 run_step recompute "$T_RECOMP" bash -c step_recompute
 run_step peer-step "$T_PEER" bash -c step_peer
 run_step train-tp2 "$T_TRAIN" bash -c step_train_tp2
+run_step train-overlap "$T_TRAIN" bash -c step_train_overlap
 TOTAL=$(($(date +%s) - START))
 
 # -- summary: a table on stdout (and in the log), JSON in OUT_DIR ----------------------------------

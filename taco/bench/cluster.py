@@ -49,6 +49,7 @@ import torch
 
 from taco.codec.specs import split_specs
 
+from . import cluster_overlap as overlap
 from . import peers as peer_runs
 from .cluster_analysis import AUTO_CODEC, Sweep, analyse, auto_base, model_curves
 from .cluster_noise import CONTROL
@@ -236,9 +237,11 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             c.train.dtype = type(c.train.dtype).parse(dtype, "train.dtype")
             choice = type(c.parallel.tp_comm_dtype)
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
-            base = auto_base(codec)  # "auto" / "auto:CODEC": that codec only where it pays
+            name = overlap.split_label(codec)[0]  # "CODEC+overlap": CODEC with batch-split overlap
+            overlap.configure(c, codec)
+            base = auto_base(name)  # "auto" / "auto:CODEC": that codec only where it pays
             plain = codec == CONTROL  # the A/A control runs the baseline's config
-            c.compression.set_tp_codec("none" if plain else base or codec)
+            c.compression.set_tp_codec("none" if plain else base or name)
             c.compression.when = "auto" if base else "always"
             c.compression.telemetry_every = 0  # timed runs: no fidelity round trips inside the timing
             c.train.resume = False
@@ -303,7 +306,7 @@ def codec_rates(codecs: list[str], numel: int, threads: int, backend: str) -> di
         import taco.kernels  # noqa: F401
     torch.set_num_threads(threads)
     out: dict[str, dict[str, float]] = {}
-    for spec in codecs:
+    for spec in dict.fromkeys(overlap.split_label(c)[0] for c in codecs):
         codec = build_codec(auto_base(spec) or spec)
         if codec is None:
             continue

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from . import cluster_overlap as overlap
 from . import cost_model as cm
 from .cluster_noise import CONTROL, no_effect, noise_floors, ratio_interval, round_means
 from .cluster_records import LinkResult, RunRecord, RunSummary, pool_runs
@@ -55,6 +56,8 @@ class Sweep:
     all_reduce: str = "auto"
     """the compressed all-reduce algorithm the runs used (`compression.tp_all_reduce`; `load_sweep`
     reads sweeps saved before it as the two-shot)"""
+    overlap_pieces: int = 2
+    """`parallel.tp_overlap_chunks` of the "+overlap" rows (`cluster_overlap.py`)"""
     fused_reduce: bool = True
     """whether the runs timed the all-reduce's re-encode under decode_s (the fused decode-sum-encode,
     issue 12) rather than under encode_s (sweeps saved before it: False)"""
@@ -65,7 +68,8 @@ class Sweep:
     def of(cls, cfg: Any, **kw: Any) -> Sweep:
         """The message shape from a training config; the rest as given."""
         return cls(tokens=cfg.train.batch_size * cfg.model.seq_len, hidden=cfg.model.hidden,
-                   slices=cfg.compression.slices, all_reduce=cfg.compression.tp_all_reduce, **kw)  # fmt: skip
+                   slices=cfg.compression.slices, all_reduce=cfg.compression.tp_all_reduce,
+                   overlap_pieces=cfg.parallel.tp_overlap_chunks, **kw)  # fmt: skip
 
     @property
     def numel(self) -> int:
@@ -88,12 +92,17 @@ class ModelInputs:
         return dict(compute_s=self.compute_s, messages=len(self.messages), world=self.world,
                     codecs={c: vars(k) for c, k in self.codecs.items()}, wait_s=self.wait_s)  # fmt: skip
 
-    def predict(self, link: cm.Link, codec: str, costs: Any, slices: int, algo: str = "auto") -> float:
+    def predict(
+        self, link: cm.Link, codec: str, costs: Any, slices: int, algo: str = "auto", pieces: int = 1
+    ) -> float:
         """Modeled step seconds of run `codec`: the baseline's measured compute + every TP collective
-        on `link` with that run's measured `wait`, coding (`costs`) included for a codec."""
+        on `link` with that run's measured `wait`, coding (`costs`) included for a codec; `pieces` > 1:
+        batch-split overlap (`cost_model.overlapped_step`)."""
         link = dataclasses.replace(link, wait=self.wait_s.get(codec, self.wait_s["none"]))
         msgs = self.messages
-        return cm.step_time_measured_compute(self.compute_s, msgs, self.world, link, costs, slices, algo)[0]
+        return cm.step_time_measured_compute(
+            self.compute_s, msgs, self.world, link, costs, slices, algo, pieces
+        )[0]
 
 
 def wire_dtype_check(rec: RunRecord, numel: int) -> dict[str, float]:
@@ -212,6 +221,14 @@ def model_step(inp: ModelInputs, rates: dict, codec: str, sweep: Sweep, link: cm
     of the two (every TP message of these runs has one size): the codec's costs from its own run when
     the sweep has one, else the
     auto run's (its uncapped run may have chosen plain: then they are plain's)."""
+    name, ov = overlap.split_label(codec)
+    if ov:  # "CODEC+overlap": CODEC's costs (its own run's where measured), batch-split pieces
+        costs = None
+        if name != "none":
+            costs = _model_codec(inp, rates, codec, sweep.model_codec) or _model_codec(
+                inp, rates, name, sweep.model_codec
+            )
+        return inp.predict(link, codec, costs, sweep.slices, sweep.all_reduce, sweep.overlap_pieces)
     base = auto_base(codec)
     if base is None:
         costs = _model_codec(inp, rates, codec, sweep.model_codec)
@@ -242,7 +259,7 @@ class ReportRow:
     """wire ratio: the baseline's wire bytes / this run's"""
     speedup: float
     ideal: float
-    """1 / (1 - f + f / r)"""
+    """1 / (1 - f + f / r); for a "+overlap" row 1 / max(1 - f, f / r) (`cluster_overlap.py`)"""
     val_gap_pct: float
     train_gap_pct: float
     curve_gap_pct: float
@@ -348,7 +365,7 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
                 r = base.wire_bytes / s.wire_bytes if s.wire_bytes else 1.0
                 curve_mean, curve_max = curve_gap(rec, base_rec)
                 row = ReportRow(mode, rate, codec, s, f=f, f_cap=f_cap, r=r, speedup=base.step_s / s.step_s,
-                                ideal=cm.ideal_speedup(f, r), val_gap_pct=_gap(s, base, "val_loss"),
+                                ideal=overlap.ideal(codec, f, r), val_gap_pct=_gap(s, base, "val_loss"),
                                 train_gap_pct=_gap(s, base, "train_loss"), curve_gap_pct=curve_mean,
                                 curve_max_pct=curve_max)  # fmt: skip
                 if codec != "none":  # paired rounds: this run against the baseline of the same round

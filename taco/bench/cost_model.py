@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from taco.comm.policy import resolve_all_reduce_algo
 
 __all__ = ["CodecCost", "CollectiveTime", "Link", "Message", "collective_time", "gbit", "ideal_speedup",
-           "step_time_measured_compute"]  # fmt: skip
+           "ideal_overlap_speedup", "overlapped_step", "step_time_measured_compute"]  # fmt: skip
 
 # ----------------------------------------------------------------------------- building blocks
 
@@ -160,6 +160,23 @@ def ideal_speedup(f: float, r: float) -> float:
     return 1.0 / (1.0 - f + f / r)
 
 
+def ideal_overlap_speedup(f: float, r: float) -> float:
+    """The bound with the remaining transfer also hidden under compute: 1 / max(1 - f, f / r)."""
+    if not 0.0 <= f <= 1.0 or r <= 0:
+        raise ValueError(f"need 0 <= f <= 1 and r > 0, got f={f}, r={r}")
+    return 1.0 / max(1.0 - f, f / r)
+
+
+def overlapped_step(busy_s: float, wire_s: float, pieces: int) -> float:
+    """Step seconds with batch-split overlap (docs/design.md 1.3 "Overlap across pieces"): `busy_s`
+    is what the host or compute stream does (compute and any coding that runs there), `wire_s` the
+    transfers. k pieces taking turns form a two-stage pipeline, one piece's transfer under another
+    piece's compute: max(busy, wire) + min(busy, wire) / k (k = 1: they add)."""
+    if pieces < 1:
+        raise ValueError(f"pieces must be >= 1, got {pieces}")
+    return max(busy_s, wire_s) + min(busy_s, wire_s) / pieces
+
+
 # ----------------------------------------------------------------------------- emulated step
 
 
@@ -180,15 +197,20 @@ def step_time_measured_compute(
     codec: CodecCost | Mapping[float, CodecCost] | None = None,
     slices: int = 1,
     algo: str = "auto",
+    pieces: int = 1,
 ) -> tuple[float, float]:
-    """(step seconds, communication seconds) of a step whose non-communication time is measured.
+    """(step seconds, communication seconds) of a step whose non-communication time is measured;
+    `pieces` > 1: with batch-split overlap of that many pieces (`overlapped_step`).
 
     Used to validate the model on the emulated runs: compute_s comes from the uncapped run,
     the messages from the run's site statistics, the link from a probe of the capped lo.
     `codec` may map a message's bytes per element (2: bf16, 4: fp32) to that input's coding cost.
     """
-    comm = 0.0
+    comm = wire = 0.0
     for m in messages:
         c = codec.get(m.elem_bytes) if isinstance(codec, Mapping) else codec
-        comm += collective_time(m.op, m.numel, m.elem_bytes, world, link, c, slices, algo).total_s
+        t = collective_time(m.op, m.numel, m.elem_bytes, world, link, c, slices, algo)
+        comm, wire = comm + t.total_s, wire + t.wire_s
+    if pieces > 1:  # the wire hides under the other pieces' compute; coding stays on the host
+        return overlapped_step(compute_s + comm - wire, wire, pieces), comm
     return compute_s + comm, comm

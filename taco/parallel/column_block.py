@@ -22,12 +22,14 @@ all-reduce is the same call on the same tensor (same codec, same bytes).
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .batch_split import yield_turn
 from .mappings import tp_input
 from .regions import TPContext, start_tp_all_reduce
 
@@ -67,6 +69,8 @@ class _ColumnEntry(torch.autograd.Function):
             if fctx.biases[i]:
                 grads.append(db.to(fctx.dtypes[j + 1]) if db is not None else None)
         fctx.pending.saved = [[] for _ in fctx.pending.saved]  # free them (retain_graph: refilled)
+        if wait is not None:
+            yield_turn()  # batch-split: the other pieces run while the all-reduce is in flight
         dx = wait() if wait is not None else None
         return (dx, None, None, None, None, *grads)
 
@@ -107,14 +111,15 @@ class ColumnBlock:
 
     def __init__(self, ctx: TPContext, site: str, children: list[nn.Module]) -> None:
         self.ctx, self.site, self.children = ctx, site, children
-        # the entry's last output (weakly: a finished step keeps no activation alive) and its pending
-        self._current: tuple[weakref.ref, _Pending] | None = None
+        # the entry's last output (weakly: a finished step keeps no activation alive) and its
+        # pending, per thread (batch-split pieces enter the block on their own threads)
+        self._local = threading.local()
 
     def active(self) -> bool:
         return self.ctx.overlap_wgrad and not self.ctx.sp and self.ctx.size > 1 and torch.is_grad_enabled()
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        self._current = None
+        self._local.current = None
         if not self.active():
             return tp_input(x, self.ctx, self.site)
         params: list[nn.Parameter] = []
@@ -124,11 +129,11 @@ class ColumnBlock:
             biases.append(c.bias is not None)
         pending = _Pending(len(self.children))
         out = _ColumnEntry.apply(x, self.ctx, self.site, pending, biases, *params)
-        self._current = (weakref.ref(out), pending)
+        self._local.current = (weakref.ref(out), pending)
         return out
 
     def linear(self, child: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        cur = self._current
+        cur = getattr(self._local, "current", None)
         if cur is None or cur[0]() is not x:
             return F.linear(x, child.weight, child.bias)
         index = next(i for i, c in enumerate(self.children) if c is child)

@@ -20,6 +20,7 @@ from torch import nn
 from taco import comm
 from taco.comm.policy import CodecSpec
 
+from .batch_split import check_piece_counts
 from .data_parallel import wrap_data_parallel
 from .dims import ParallelDims
 from .dp_sync import DPSync, dp_sync_for
@@ -65,6 +66,8 @@ class ParallelOptions:
     """the dtype activations and their gradients travel in between stages"""
     autocast: bool = False
     """each micro-batch's forward under bf16 autocast"""
+    tp_overlap_chunks: int = 1
+    """batch-split TP overlap: pieces per micro-batch (1: off; `batch_split.py`)"""
 
 
 @dataclass
@@ -140,6 +143,11 @@ def parallelize(
         model, None, dims, policies.get("tp"), comm_dtype=opts.comm_dtype, overlap_wgrad=opts.overlap_wgrad
     )
     stage = PipelineStage(model, dims.pp_rank, dims.pp)  # 2. PP: keep this stage's layers
+    if opts.tp_overlap_chunks > 1:  # batch-split overlap: the same piece count on every TP rank
+        if opts.dp_shard or opts.compile:
+            raise ValueError("batch-split TP overlap does not run with FSDP2 (dp_shard) or compile yet")
+        check_piece_counts(opts.tp_overlap_chunks, dims.group("tp"), opts.device)
+        stage.pieces = opts.tp_overlap_chunks
     ctx = tp_context(model)
     apply_recompute([model.layers[i] for i in stage.layers], opts.recompute, ctx)  # 3. before DP wraps
     stage.to(torch.device(opts.device))  # 4. the same weights on every device

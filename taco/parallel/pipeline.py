@@ -42,6 +42,7 @@ from torch import nn
 from taco import comm
 from taco.codec import Codec
 
+from .batch_split import run_pieces
 from .dims import ParallelDims
 from .dp_sync import DPSync, NoDPSync
 from .fully_sharded import local_tensor
@@ -112,6 +113,8 @@ class PipelineStage(nn.Module):
             model.norm = None
             model.lm_head = None
         self.model = model
+        self.pieces = 1
+        """batch-split TP overlap: each micro-batch's blocks run as this many pieces (batch_split.py)"""
         if self.tied and n_stages > 1 and self.is_last:
             mark_pp_copy(model.lm_head.weight)  # counted once in norms (on the first stage)
 
@@ -126,7 +129,9 @@ class PipelineStage(nn.Module):
         """x: token ids [b, s] (first stage) or activations [b, s(/tp), h]; positions: [s] (full)."""
         if self.is_first:
             x = self.model.embed(x)  # [b, s, h]
-        x = self.model.run_layers(x, positions)  # [b, s(/tp with SP), h]
+        layers = lambda h: self.model.run_layers(h, positions)  # noqa: E731
+        params = [p for i in self.layers for p in self.model.layers[i].parameters()]
+        x = run_pieces(layers, x, self.pieces, params)  # [b, s(/tp with SP), h]
         return self.model.head(x) if self.is_last else x  # logits [b, s, V/tp] or [b, s(/tp), h]
 
 

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from taco import comm
 
+from .batch_split import in_piece, overlapped
+
 SEQ_DIM = 1
 _KEYS = itertools.count(1)
 _CONTEXTS: weakref.WeakValueDictionary[int, TPContext] = weakref.WeakValueDictionary()
@@ -85,7 +87,10 @@ def _collective(
 ) -> torch.Tensor:
     """Run one TP collective on `x` in the context's communication dtype (what travels is captured)."""
     y, cast = _to_comm(x, ctx, site)
-    out = fn(y, **kw, **_kw(ctx, site))
+    if in_piece():  # batch-split: the other pieces compute while this one is in flight
+        out = overlapped(lambda: fn(y, **kw, **_kw(ctx, site), async_op=True))
+    else:
+        out = fn(y, **kw, **_kw(ctx, site))
     return out.to(x.dtype) if cast else out
 
 

@@ -141,6 +141,7 @@ def parallel_options(cfg: Config, device: torch.device | str) -> ParallelOptions
         fsdp_dtypes=(torch.bfloat16, torch.float32) if bf16 else (None, None),
         schedule=p.pp_schedule.value, overlap_p2p=p.overlap_p2p, act_dtype=train_dtype(cfg),
         autocast=bf16 and mp == "autocast",
+        tp_overlap_chunks=p.tp_overlap_chunks if p.tp_overlap.value == "batch-split" else 1,
     )  # fmt: skip
 
 

@@ -49,7 +49,7 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["mode"] == "dry-run" and summary["compiles"] == 0
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [*CPU_STEPS, "train-tp2"]
+    assert list(steps) == [*CPU_STEPS, "train-tp2", "train-overlap"]
     for name, s in steps.items():
         row = next((line for line in table if line.startswith(name + " ")), None)
         assert row is not None and s["status"].split()[0] in row, (name, table)
@@ -69,4 +69,5 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     if MEGATRON:
         assert "speedup over megatron-core" in steps["peer-step"]["key"], steps["peer-step"]
     assert steps["train-tp2"]["status"].startswith("skipped") and "needs two" in steps["train-tp2"]["status"]
+    assert steps["train-overlap"]["status"] == "ok" and "TP=2 int6-hadamard" in steps["train-overlap"]["key"]
     assert p.returncode == 0

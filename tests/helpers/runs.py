@@ -69,9 +69,11 @@ def parallel_step(
     overlap_p2p: bool = True,
     overlap_wgrad: bool = True,
     check_sizes: bool = False,
+    tp_overlap_chunks: int = 1,
 ) -> dict:
     """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set.
-    `check_sizes`: the policies' size check (p2p headers) on."""
+    `check_sizes`: the policies' size check (p2p headers) on; `tp_overlap_chunks` > 1: batch-split
+    TP overlap with that many pieces per micro-batch."""
     torch.manual_seed(0)
     model = tiny_model(kind, n_layer)
     ref = copy.deepcopy(model)
@@ -82,7 +84,8 @@ def parallel_step(
     pol = {a: CommPolicy(codec=codecs.get(a, "none"), check_sizes=check_sizes) for a in ("tp", "pp", "dp")}
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
     opts = ParallelOptions(
-        overlap_wgrad=overlap_wgrad, dp_codec=codecs.get("dp"), schedule=schedule, overlap_p2p=overlap_p2p
+        overlap_wgrad=overlap_wgrad, dp_codec=codecs.get("dp"), schedule=schedule, overlap_p2p=overlap_p2p,
+        tp_overlap_chunks=tp_overlap_chunks,
     )
     par = parallelize(model, dims, pol, opts)  # the trainer's build step (taco.train.build.build_run)
     stage, module, engine = par.stage, par.module, par.engine

@@ -43,6 +43,11 @@ class PPSchedule(_Choice):
     GPIPE = "gpipe"
 
 
+class TPOverlap(_Choice):
+    NONE = "none"
+    BATCH_SPLIT = "batch-split"
+
+
 class Backend(_Choice):
     AUTO = "auto"
     GLOO = "gloo"

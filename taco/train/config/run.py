@@ -66,6 +66,19 @@ class Config:
                 "compression.dp_codec compresses DDP's all-reduce; with parallel.dp_shard = true use "
                 'compression.dp_weight_codec / dp_grad_codec and set compression.dp_codec = "none"'
             )
+        if p.tp_overlap.value == "batch-split":
+            if self.micro_batch_size % p.tp_overlap_chunks:
+                raise ValueError(
+                    f"parallel.tp_overlap_chunks = {p.tp_overlap_chunks} must divide the micro-batch "
+                    f"size ({self.micro_batch_size} sequences = train.batch_size / (parallel.dp * "
+                    "parallel.microbatches))"
+                )
+            if p.dp_shard or t.compile:
+                raise ValueError(
+                    'parallel.tp_overlap = "batch-split" does not run with parallel.dp_shard (FSDP2 '
+                    "gathers each block's weights once per forward, not once per piece) or "
+                    'train.compile yet: set parallel.tp_overlap = "none" for those'
+                )
         from taco.models.plans import check_tp_divisible
 
         split = {"model.n_head": m.n_head, "model.n_kv_head": m.kv_heads, "model.intermediate": m.ffn_size}

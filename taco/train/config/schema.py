@@ -30,6 +30,7 @@ from taco.train.config.choices import (
     ModelKind,
     PPSchedule,
     Recompute,
+    TPOverlap,
     _Choice,
 )
 from taco.train.config.coerce import coerce
@@ -237,6 +238,14 @@ class ParallelConfig(_Section):
         "Post each 1F1B send/receive pair with the same neighbour that both neighbours make back "
         "to back as one batch (batch_isend_irecv, then waited) instead of one blocking transfer "
         "after the other; results are identical (docs/design.md 1.3).")})
+    tp_overlap: TPOverlap = field(default=TPOverlap.NONE, metadata={"doc": (
+        '"none": each TP collective stalls the compute after it; "batch-split" (Domino-style): each '
+        "micro-batch's blocks run as parallel.tp_overlap_chunks pieces along the batch, interleaved "
+        "layer by layer, so that one piece's (compressed) forward collectives travel while the next "
+        "piece computes; the same math (docs/design.md 1.3 \"Overlap across pieces\"). Not with "
+        "parallel.dp_shard or train.compile yet.")})
+    tp_overlap_chunks: int = field(default=2, metadata={"doc": (
+        'Pieces per micro-batch with tp_overlap = "batch-split"; must divide the micro-batch size.')})
     tp_comm_dtype: CommDtype = field(default=CommDtype.AUTO, metadata={"doc": (
         'Dtype of the tensor-parallel collectives\' inputs (before any codec): "auto" = train.dtype '
         "(bf16 training communicates bf16, as Megatron does; under bf16 autocast the backward gradients "
@@ -264,7 +273,7 @@ class ParallelConfig(_Section):
         return str(self.dims())  # "DP2-PP2-TP2-SP" (no "-SP" when tp = 1: nothing to shard)
 
     def _check(self) -> None:
-        for name in ("dp", "pp", "tp", "microbatches"):
+        for name in ("dp", "pp", "tp", "microbatches", "tp_overlap_chunks"):
             if getattr(self, name) < 1:
                 self._fail(name, "must be >= 1")
         if self.dp_shard and self.zero:

@@ -1,0 +1,65 @@
+"""The trainer with batch-split TP overlap: per-step losses equal the unsplit run's (codec none),
+compressed runs train, and the combinations it does not run with are refused by the config."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from taco.train.launch import launch
+from tests.helpers.runs import losses, tiny
+
+SPLIT = ["--parallel.tp_overlap=batch-split", "--parallel.tp_overlap_chunks=2"]
+
+
+def _rel(a: dict[int, float], b: dict[int, float]) -> float:
+    assert a.keys() == b.keys() and len(a) >= 4
+    return max(abs(a[s] - b[s]) / abs(b[s]) for s in a)
+
+
+def test_batch_split_per_step_losses_equal_the_unsplit_run(corpus, tmp_path):
+    every = ["--compression.tp_codec=none", "--train.log_interval=1"]
+    launch(tiny(corpus, tmp_path / "plain", *every))
+    launch(tiny(corpus, tmp_path / "split", *every, *SPLIT))
+    assert _rel(losses(tmp_path / "split"), losses(tmp_path / "plain")) <= 1e-5
+
+
+def test_batch_split_with_a_codec_and_recompute_trains(corpus, tmp_path):
+    args = ["--compression.tp_codec=int6-hadamard", "--train.log_interval=1"]
+    launch(tiny(corpus, tmp_path / "plain", *args))
+    res = launch(tiny(corpus, tmp_path / "split", *args, *SPLIT, "--train.recompute=full"))
+    assert math.isfinite(res["final_val_loss"])
+    # the codes are a function of each group, and a group never spans two sequences: same codes
+    assert _rel(losses(tmp_path / "split"), losses(tmp_path / "plain")) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--parallel.tp_overlap_chunks=3"], "must divide the micro-batch"),
+        (["--parallel.dp=2", "--parallel.dp_shard=true"], "does not run with parallel.dp_shard"),
+        (["--parallel.tp_overlap_chunks=0"], "tp_overlap_chunks"),
+    ],
+)
+def test_batch_split_config_refuses_what_it_does_not_run(corpus, tmp_path, extra, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(corpus, tmp_path / "x", *SPLIT[:1], *extra)
+
+
+def test_batch_split_with_sp_and_the_adaptive_wing_trains(corpus, tmp_path):
+    wing = ["--compression.calibrate=true", "--compression.calibrate_steps=2"]
+    wing += ["--compression.telemetry_every=2", "--compression.when=auto"]
+    wing += ["--compression.auto_warmup_steps=1", "--compression.auto_repeats=2"]
+    res = launch(tiny(corpus, tmp_path / "wing", "--parallel.sp=true", *wing, *SPLIT))
+    assert math.isfinite(res["final_val_loss"])
+    assert (tmp_path / "wing" / "calibration.json").is_file()
+
+
+@pytest.mark.parametrize("mp", ["master", "autocast"])  # autocast: entered on each piece's worker
+def test_batch_split_in_bf16_stays_on_the_unsplit_curve(corpus, tmp_path, mp):
+    args = ["--compression.tp_codec=none", "--train.log_interval=1", "--train.dtype=bf16"]
+    args.append(f"--train.mixed_precision={mp}")
+    launch(tiny(corpus, tmp_path / "plain", *args))
+    launch(tiny(corpus, tmp_path / "split", *args, *SPLIT))
+    assert _rel(losses(tmp_path / "split"), losses(tmp_path / "plain")) <= 1e-2  # bf16 rounding only
