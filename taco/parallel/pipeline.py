@@ -130,7 +130,7 @@ class PipelineStage(nn.Module):
         if self.is_first:
             x = self.model.embed(x)  # [b, s, h]
         layers = lambda h: self.model.run_layers(h, positions)  # noqa: E731
-        params = [p for i in self.layers for p in self.model.layers[i].parameters()]
+        params = [p for i in self.layers for p in self.model.layers[i].parameters()] if self.pieces > 1 else ()
         x = run_pieces(layers, x, self.pieces, params)  # [b, s(/tp with SP), h]
         return self.model.head(x) if self.is_last else x  # logits [b, s, V/tp] or [b, s(/tp), h]
 
