@@ -130,7 +130,8 @@ class PipelineStage(nn.Module):
         if self.is_first:
             x = self.model.embed(x)  # [b, s, h]
         layers = lambda h: self.model.run_layers(h, positions)  # noqa: E731
-        params = [p for i in self.layers for p in self.model.layers[i].parameters()] if self.pieces > 1 else ()
+        split = self.pieces > 1  # batch-split: the pieces' gradients come back through one node
+        params = [p for i in self.layers for p in self.model.layers[i].parameters()] if split else []
         x = run_pieces(layers, x, self.pieces, params)  # [b, s(/tp with SP), h]
         return self.model.head(x) if self.is_last else x  # logits [b, s, V/tp] or [b, s(/tp), h]
 
