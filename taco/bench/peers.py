@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -314,7 +315,9 @@ class PeerRun:
             raise ValueError("the peers train a vocabulary that tp divides (no masked padding)")
         self.group = dist.group.WORLD
         self.device = torch.device(device)
-        self.model, self.loss_fn, is_sharded = _BUILDERS[name](cfg, vocab, self.device)
+        with warnings.catch_warnings():  # Megatron's notes on CUDA-only fast paths, once per rank
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+            self.model, self.loss_fn, is_sharded = _BUILDERS[name](cfg, vocab, self.device)
         self.context = getattr(self.model, "loss_context", nullcontext)
         params = list(self.model.parameters())
         groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": t.weight_decay},
