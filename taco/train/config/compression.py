@@ -23,7 +23,9 @@ class CompressionConfig(_Section):
     SECTION: typing.ClassVar[str] = "compression"
 
     tp_codec: str = field(default="taco", metadata={"doc": (
-        'Codec of the tensor-parallel collectives (a name from `taco.list_codecs()`; "none" = plain).')})
+        'Codec of the tensor-parallel collectives (a name from `taco.list_codecs()`; "none" = plain), '
+        'or a ladder "ladder(int4-hadamard,int5-hadamard,int6-hadamard,taco,none)": each TP site moves '
+        "between these codecs (cheapest first) by its measured fidelity (docs/ladder.md).")})
     tp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={"doc": (
         'Keyword options of the TP codec, an inline table, e.g. {group_size=128, fmt="e4m3"}; '
         "on the command line `--compression.tp_codec_options.group_size=64` sets one key.")})
