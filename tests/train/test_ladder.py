@@ -169,3 +169,20 @@ def test_ranks_decide_the_same_at_every_step_without_a_collective_of_their_own()
     assert r0[1] and r1[1] and max(r0[1]) < 27.5 < min(r1[1]), (r0[1], r1[1])
     assert r0[0][-1]["a.fwd"].startswith("int6-hadamard")  # the worst rank's reading moved it back up
     assert not any(math.isnan(d["measure_db"]) for d in r0[2])
+
+
+def test_a_ladder_config_checks_its_rungs_and_makes_the_guard_send_collapses_to_none(tmp_path):
+    from taco.codec import list_codecs
+    from taco.train.config.loading import check_codecs
+
+    cfg = load_config(None, [f"--compression.tp_codec={DEMO}", f"--train.out_dir={tmp_path}"])
+    check_codecs(cfg, list_codecs())
+    with pytest.raises(ValueError, match="nosuch"):
+        load_config(None, ["--compression.tp_codec=ladder(taco,nosuch)"])
+    with pytest.raises(ValueError, match="telemetry_every"):
+        load_config(None, [f"--compression.tp_codec={DEMO}", "--compression.telemetry_every=0"])
+    wing = build_wing(cfg, build_policy(cfg), tp_group=None, device=torch.device("cpu"), decides=True,
+                      captures=False, log=False)  # fmt: skip
+    guard = wing.fidelity.guard
+    assert wing.ladder is not None and guard.fallback == "none" and guard.floor_db == -math.inf
+    assert wing.on_step_end.index(wing.ladder) > wing.on_step_end.index(wing.fidelity)  # reads its step
