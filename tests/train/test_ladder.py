@@ -104,6 +104,9 @@ def test_a_site_the_auto_policy_left_plain_is_never_touched(tmp_path):
     for step in (10, 20):
         _step(ctl, tel, policy, step, {"a.fwd": 40.0, "b.fwd": 40.0})
     assert "a.fwd" not in ctl.sites and _codec(policy, "b.fwd") == "int5-hadamard"
+    policy.set_site_codec("b.fwd", RUNGS.rungs[2])  # another observer (auto re-enabling) sets a rung
+    _step(ctl, tel, policy, 30, {"b.fwd": 28.0})
+    assert ctl.sites["b.fwd"].rung == 2  # the ladder follows the site's codec
 
 
 def test_state_is_saved_and_a_resumed_run_reinstalls_it(tmp_path):

@@ -126,6 +126,8 @@ class LadderController:
                 st.rungs.append((end.step, st.rung))
             if st.pinned:
                 continue
+            if spec in self.ladder.rungs and self.ladder.rungs.index(spec) != st.rung:
+                st.rung, st.last, st.good = self.ladder.rungs.index(spec), None, 0  # set by another observer
             if site in t.switched:  # the guard acted on it this step: its codec is the guard's now
                 st.pinned = f"guard: {t.switched[site]}"
                 continue
