@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from taco.codec.specs import split_specs
+from taco.codec.specs import parse_ladder, split_specs
 
 from . import cluster_overlap as overlap
 from . import peers as peer_runs
@@ -243,7 +243,9 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             plain = codec == CONTROL  # the A/A control runs the baseline's config
             c.compression.set_tp_codec("none" if plain else base or name)
             c.compression.when = "auto" if base else "always"
-            c.compression.telemetry_every = 0  # timed runs: no fidelity round trips inside the timing
+            # timed runs: no fidelity round trips inside the timing, but a ladder moves its sites by
+            # them (one round trip per site every 10 steps, inside the timing it pays for)
+            c.compression.telemetry_every = 10 if parse_ladder(c.compression.tp_codec) else 0
             c.train.resume = False
             c.train.out_dir = str(Path(tempfile.gettempdir()) / "taco-cluster")
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),

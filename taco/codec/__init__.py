@@ -24,7 +24,7 @@ from .codecs import (
 )
 from .formats import FP8_FORMATS, fp8_format
 from .hadamard import GROUP_SIZES, hadamard_matrix
-from .specs import CodecSpec, build_codec, parse_spec
+from .specs import CodecSpec, Ladder, build_codec, parse_ladder, parse_spec
 
 __all__ = [
     "CODECS",
@@ -39,6 +39,7 @@ __all__ = [
     "Int8GroupCodec",
     "Int8HadamardCodec",
     "KernelBackend",
+    "Ladder",
     "NoneCodec",
     "Packed",
     "Taco1sCodec",
@@ -51,6 +52,7 @@ __all__ = [
     "get_codec",
     "hadamard_matrix",
     "list_codecs",
+    "parse_ladder",
     "parse_spec",
     "sqnr_db",
 ]

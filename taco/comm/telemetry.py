@@ -27,25 +27,34 @@ Reading = tuple[float, float, float]
 
 
 @torch.no_grad()
-def roundtrip_fidelity(x: torch.Tensor, codec: Codec) -> torch.Tensor:
+def roundtrip_measures(x: torch.Tensor, codec: Codec) -> torch.Tensor:
     """Encode and decode `x` with `codec`: a float64 tensor [SQNR dB, non-finite elements of x,
-    elements finite in x but not in the round trip], on x's device, without a host sync.
+    elements finite in x but not in the round trip, cosine of x and the round trip], on x's device,
+    without a host sync.
 
     SQNR = 10 log10(sum x^2 / sum (y - x)^2) in fp32 over the elements finite in both x and y,
-    clamped to +-`SQNR_CAP_DB` (an exact round trip reads `SQNR_CAP_DB`).
+    clamped to +-`SQNR_CAP_DB` (an exact round trip reads `SQNR_CAP_DB`); cosine = <x, y> / (|x| |y|)
+    over the same elements (1 for an all-zero message).
     """
     xf = x.detach().float()
     yf = codec.roundtrip(x.detach()).float()
     fin_x, fin_y = torch.isfinite(xf), torch.isfinite(yf)
     both = fin_x & fin_y
     zero = xf.new_zeros(())
-    sig = torch.where(both, xf, zero).square().sum()
-    noise = torch.where(both, yf - xf, zero).square().sum()
+    xs, ys = torch.where(both, xf, zero), torch.where(both, yf, zero)
+    sig = xs.square().sum()
+    noise = (ys - xs).square().sum()
     db = torch.nan_to_num(10 * torch.log10(sig / noise), nan=SQNR_CAP_DB, posinf=SQNR_CAP_DB)
     db = db.clamp(-SQNR_CAP_DB, SQNR_CAP_DB)
+    cos = torch.nan_to_num((xs * ys).sum() / (sig.sqrt() * ys.square().sum().sqrt()), nan=1.0)
     bad_in = torch.logical_not(fin_x).sum()
     made = (fin_x & torch.logical_not(fin_y)).sum()
-    return torch.stack([db.double(), bad_in.double(), made.double()])
+    return torch.stack([db.double(), bad_in.double(), made.double(), cos.double()])
+
+
+def roundtrip_fidelity(x: torch.Tensor, codec: Codec) -> torch.Tensor:
+    """[SQNR dB, non-finite elements of x, non-finite elements made] of `roundtrip_measures`."""
+    return roundtrip_measures(x, codec)[:3]
 
 
 class FidelityProbe:
@@ -60,22 +69,26 @@ class FidelityProbe:
         self._pending: dict[str, torch.Tensor] = {}
         self.specs: dict[str, str] = {}
         """site -> spec of the codec its last measured message used"""
+        self.cosines: dict[str, float] = {}
+        """site -> cosine of its message and the round trip, from the last `collect`"""
 
     def __call__(self, site: str, op: str, x: torch.Tensor, codec: Codec | None) -> None:
         if not self.armed or codec is None or site in self._pending:
             return
         if x.numel() == 0 or not x.is_floating_point() or x.layout != torch.strided:
             return
-        self._pending[site] = roundtrip_fidelity(x, codec)
+        self._pending[site] = roundtrip_measures(x, codec)
         self.specs[site] = codec.spec
 
     def collect(self) -> dict[str, Reading]:
         """The readings since the last collect (site -> `Reading`), read in one transfer; clears them."""
+        self.cosines = {}
         if not self._pending:
             return {}
         sites = list(self._pending)
         rows = torch.stack([self._pending[s] for s in sites]).tolist()
         self._pending.clear()
+        self.cosines = {s: r[3] for s, r in zip(sites, rows)}
         return {s: (r[0], r[1], r[2]) for s, r in zip(sites, rows)}
 
 

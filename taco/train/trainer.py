@@ -174,6 +174,7 @@ class Trainer:
             "pp_codec": c.pp_codec,
             "dp_codec": self.run.dp_codecs(),
             **({"auto": wing.auto.summary()} if wing.auto is not None else {}),
+            **({"ladder": wing.ladder.summary()} if wing.ladder is not None else {}),
         }
 
     def _write_outputs(self, summary: dict[str, Any]) -> None:
@@ -185,5 +186,8 @@ class Trainer:
         if wing.fidelity is not None:  # per-site SQNR of the telemetry steps, the guard's switches
             stats += f"\n\n[tp fidelity]\n{wing.fidelity.summary()}"
         stats += f"\n\n[auto]\n{wing.auto.format_table()}" if wing.auto is not None else ""
+        if wing.ladder is not None:  # each site's codec at the end, its moves, its last measure
+            stats += f"\n\n[ladder]\n{wing.ladder.format_table()}"
+            print(f"[taco] {wing.ladder.format_table()}", flush=True)
         (self.out_dir / "comm_stats.txt").write_text(stats + "\n")
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

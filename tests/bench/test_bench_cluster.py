@@ -17,6 +17,7 @@ from taco.bench import cluster
 from taco.bench.cluster_analysis import Sweep, analyse
 from taco.bench.cluster_records import LinkResult, RunRecord, pool_runs
 from taco.bench.cluster_report import format_markdown, format_report
+from taco.codec.specs import split_specs
 from taco.train.config import load_config
 from tests.helpers.bench import CALIB_50, CALIB_UNCAPPED, NUMEL, rec, run_bench
 
@@ -323,3 +324,14 @@ def test_repeats_add_the_a_a_control_with_the_baseline_config(tmp_path):
     specs = cluster.plan_runs(cfg, args, tmp_path)
     assert [s["codec"] for s in specs] == ["none", CONTROL, "taco"]
     assert specs[0]["config"] == specs[1]["config"]  # the control is the baseline job itself
+
+
+def test_a_ladder_codec_runs_with_its_telemetry_and_the_others_without(tmp_path):
+    cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
+    ladder = "ladder(int4-hadamard,int5-hadamard,int6-hadamard,taco,none)"
+    args = argparse.Namespace(comm=["bf16"], codecs=split_specs(f"int6-hadamard,{ladder}"), threads=1,
+                              backend="auto", warmup=1, timeout=60)  # fmt: skip
+    specs = {s["codec"]: s["config"]["compression"] for s in cluster.plan_runs(cfg, args, tmp_path)}
+    assert list(specs) == ["none", "int6-hadamard", ladder]
+    assert specs[ladder]["tp_codec"] == ladder and specs[ladder]["telemetry_every"] == 10
+    assert specs["int6-hadamard"]["telemetry_every"] == 0 and specs["none"]["telemetry_every"] == 0

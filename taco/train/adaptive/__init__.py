@@ -9,22 +9,26 @@ register on the TP policy's `Observers` and see messages and step ends only, nev
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from taco.codec import parse_ladder
 from taco.comm import CommPolicy
+from taco.comm.telemetry import FidelityGuard
 from taco.train.config import Config
 
 from .autopolicy import AutoPolicy
 from .calibration import Calibration
 from .fidelity import FidelityTelemetry
+from .ladder import LadderController
 from .observers import Gradients, Observers, StepEnd, TensorCapture
 
 __all__ = [
     "AutoPolicy", "Calibration", "FidelityTelemetry", "Gradients", "Observers", "StepEnd", "TensorCapture",
-    "Wing", "build_wing",
+    "LadderController", "Wing", "build_wing",
 ]  # fmt: skip
 
 
@@ -34,6 +38,7 @@ class Wing(Observers):
     fidelity: FidelityTelemetry | None = None
     auto: AutoPolicy | None = None
     calibration: Calibration | None = None
+    ladder: LadderController | None = None
 
 
 def build_wing(
@@ -48,7 +53,8 @@ def build_wing(
     extra: tuple[Any, ...] = (),
 ) -> Wing:
     """The [compression] section's observers on `policy`, in the order they see each step:
-    fidelity telemetry, the auto policy, calibration, then `extra` (e.g. `GradFidelity`).
+    fidelity telemetry, the auto policy, calibration, the ladder controller (a ladder tp_codec),
+    then `extra` (e.g. `GradFidelity`).
     `decides`: this rank decides calibration for its stage (dp 0, tp 0); `captures`: this rank
     writes `train.capture_dir` (tp 0, dp 0). Calibration from a file installs its codecs here."""
     c, t = cfg.compression, cfg.train
@@ -64,6 +70,16 @@ def build_wing(
         wing.auto = wing.register(AutoPolicy(policy, tp_group, device, c, log, after=calibration))
     if calibration is not None:
         wing.calibration = wing.register(calibration, messages=calibration.watches_messages)
+    ladder = parse_ladder(c.tp_codec)
+    if ladder is not None and wing.fidelity is not None:
+        # the ladder's targets replace the guard's floor; the guard keeps NaN/Inf, to "none"
+        fid = wing.fidelity
+        fid.guard = FidelityGuard(-math.inf, c.guard_patience, "none") if c.guard else None
+        resume = cfg.train.resume is not False
+        wing.ladder = wing.register(LadderController(
+            policy, ladder.with_options(c.tp_codec_options), fid, c, out_dir=Path(t.out_dir),
+            resume=resume, log=log, auto=wing.auto,
+        ))  # fmt: skip
     for obs in extra:
         wing.register(obs)
     return wing

@@ -38,6 +38,13 @@ class FidelityTelemetry:
         self.history = FidelityHistory()
         self.guard = FidelityGuard(c.min_sqnr_db, c.guard_patience, c.guard_fallback) if c.guard else None
         self.probe.armed = True  # measures on the steps `_due` names
+        self.last_step = 0
+        """the latest step measured; `readings`, `cosines`, `specs` and `switched` are its (merged)"""
+        self.readings: dict[str, Any] = {}
+        self.cosines: dict[str, float] = {}
+        self.specs: dict[str, str] = {}
+        self.switched: dict[str, str] = {}
+        """site -> the codec the guard switched it to at `last_step`"""
 
     def _due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -52,22 +59,31 @@ class FidelityTelemetry:
 
     def _check(self, step: int, rec: dict[str, Any]) -> None:
         readings = self.probe.collect()
-        local = (readings, {site: self.probe.specs[site] for site in readings})
+        local = (readings, {site: self.probe.specs[site] for site in readings}, self.probe.cosines)
         gathered: list[Any] = [local]
         if dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, local)
-        merged = merge_sites([r for r, _ in gathered])
-        specs = {site: spec for _, sp in gathered for site, spec in sp.items()}  # the same on every rank
+        merged = merge_sites([r for r, _, _ in gathered])
+        specs = {site: spec for _, sp, _ in gathered for site, spec in sp.items()}  # the same on every rank
+        cosines: dict[str, float] = {}
+        for _, _, cs in gathered:  # the worst rank's cosine, as the SQNR's
+            for site, cos in cs.items():
+                cosines[site] = min(cos, cosines.get(site, cos))
+        self.last_step, self.readings, self.cosines, self.specs = step, merged, cosines, specs
+        self.switched = {}
         for site, (db, bad_in, made) in merged.items():
             rec[f"sqnr_db/{site}"] = db
             rec[f"nonfinite_in/{site}"] = int(bad_in)
             rec[f"nonfinite/{site}"] = int(made)
+            if site.endswith(".bwd") and site in cosines:
+                rec[f"cos/{site}"] = cosines[site]
         self.history.add(merged)
         if self.guard is None:
             return
         for site, new, why in self.guard.decide(merged, specs):
             self.policy.set_site_codec(site, new)
+            self.switched[site] = new
             line = f"fidelity guard: step {step} site {site!r}: {why}; codec {specs[site]} -> {new}"
             self.history.actions.append(line.removeprefix("fidelity guard: "))
             if self.log:

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from taco.codec.specs import codec_config
+from taco.codec.specs import codec_config, parse_ladder
 from taco.comm.policy import ALL_REDUCE_ALGOS
 from taco.train.config.schema import _Section
 
@@ -23,7 +23,9 @@ class CompressionConfig(_Section):
     SECTION: typing.ClassVar[str] = "compression"
 
     tp_codec: str = field(default="taco", metadata={"doc": (
-        'Codec of the tensor-parallel collectives (a name from `taco.list_codecs()`; "none" = plain).')})
+        'Codec of the tensor-parallel collectives (a name from `taco.list_codecs()`; "none" = plain), '
+        'or a ladder "ladder(int4-hadamard,int5-hadamard,int6-hadamard,taco,none)": each TP site moves '
+        "between these codecs (cheapest first) by its measured fidelity (docs/ladder.md).")})
     tp_codec_options: dict[str, Any] = field(default_factory=dict, metadata={"doc": (
         'Keyword options of the TP codec, an inline table, e.g. {group_size=128, fmt="e4m3"}; '
         "on the command line `--compression.tp_codec_options.group_size=64` sets one key.")})
@@ -95,6 +97,24 @@ class CompressionConfig(_Section):
     guard_fallback: str = field(default="int8-hadamard", metadata={"doc": (
         "Codec the guard switches a site to (int8-hadamard: ~43 dB on Gaussian data, 1.03 B/elem); "
         'a site already on it goes to "none".')})
+    ladder_fwd_sqnr_db: float = field(default=24.0, metadata={"doc": (
+        "Ladder tp_codec: SQNR target of forward sites (activations), dB; a site under it moves one "
+        "rung up at once. Default: int5-hadamard's worst demo site (25.1 dB) less 1 dB (docs/ladder.md).")})
+    ladder_bwd_cos: float = field(default=0.992, metadata={"doc": (
+        "Ladder tp_codec: cosine target of backward sites (activation gradients against the "
+        "uncompressed value). Default: int4-hadamard's worst demo site (21.9 dB, cos 0.9935) less "
+        "~1 dB (docs/ladder.md).")})
+    ladder_down_margin_db: float = field(default=6.0, metadata={"doc": (
+        "Ladder tp_codec: a site moves one rung down (cheaper) only while its measure is this many dB "
+        "above its target (cosines as -10 log10(1 - cos)); one int-N Hadamard rung is ~6 dB.")})
+    ladder_confirm_checks: int = field(default=2, metadata={"doc": (
+        "Ladder tp_codec: telemetry checks in a row with room to spare before a site moves down.")})
+    ladder_max_moves: int = field(default=4, metadata={"doc": (
+        "Ladder tp_codec: moves down stop after a site has moved this many times (moves up, for "
+        "fidelity, still happen, past a rung it left never again).")})
+    ladder_drop_db: float = field(default=15.0, metadata={"doc": (
+        "Ladder tp_codec: a site whose measure falls by more than this from its previous reading on "
+        'the same rung has collapsed and goes to "none" (logged), as one whose codec makes NaN/Inf.')})
     when: str = field(default="always", metadata={"doc": (
         '"always": tp_codec compresses every site tp_sites selects; "auto": after auto_warmup_steps '
         "compressed steps, time each site's plain and compressed collective on the TP group and keep "
@@ -154,6 +174,14 @@ class CompressionConfig(_Section):
             self._fail("guard_patience", "must be >= 1")
         if not self.guard_fallback.strip():
             self._fail("guard_fallback", 'must be a codec name, or "none" for the plain collective')
+        if parse_ladder(self.tp_codec) is not None and self.telemetry_every < 1:
+            self._fail("telemetry_every", "must be >= 1 with a ladder tp_codec (its readings move the sites)")
+        if not 0.0 < self.ladder_bwd_cos < 1.0:
+            self._fail("ladder_bwd_cos", "must be in (0, 1)")
+        if self.ladder_down_margin_db < 0 or self.ladder_drop_db <= 0:
+            self._fail("ladder_down_margin_db", "and ladder_drop_db must be >= 0 and > 0")
+        if self.ladder_confirm_checks < 1 or self.ladder_max_moves < 0:
+            self._fail("ladder_confirm_checks", "must be >= 1 (and ladder_max_moves >= 0)")
         if self.when not in ("always", "auto"):
             self._fail("when", 'must be "always" or "auto"')
         for name in ("auto_warmup_steps", "auto_repeats", "auto_check_steps"):

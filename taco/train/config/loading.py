@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from taco.codec.specs import LADDER, parse_ladder, split_specs
 from taco.train.config.coerce import toml_value
 from taco.train.config.run import _ALIASES, _SECTIONS, Config, _resolve_keys, _valid_keys
 
@@ -141,6 +142,15 @@ def check_codecs(cfg: Config, available: Sequence[str]) -> None:
     """
     for name in ("tp_codec", "pp_codec", "dp_codec"):
         codec = getattr(cfg.compression, name)
+        if name == "tp_codec" and codec.strip().startswith(LADDER + "("):
+            items = split_specs(codec.strip()[len(LADDER) + 1 : -1])
+            names = [r.partition("(")[0].strip() for r in items if "=" not in r.partition("(")[0]]
+            bad = [r for r in names if r not in available]
+            if bad:
+                raise ValueError(f"compression.tp_codec = {codec!r}: unknown rung codec {bad[0]!r}; "
+                                 f"available: {', '.join(available)}")  # fmt: skip
+            parse_ladder(codec)  # a malformed ladder raises ValueError naming it
+            continue
         if codec not in available:
             hint = ""
             if "(" in codec:  # a spec string: the options have their own field
