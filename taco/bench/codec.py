@@ -77,7 +77,7 @@ def grid_codec(spec: str, group_size: int, backend: str, scale_fmt: str = "fp32"
     if issubclass(cls, GroupCodec):
         common = {"group_size": group_size, "backend": backend, "scale_fmt": scale_fmt}
         pinned = getattr(cls, "PINNED", ())  # "int4-hadamard-g32": its name fixes G and the scales
-        return taco.get_codec(name, **{k: v for k, v in common.items() if k not in pinned}, **opts)
+        return taco.get_codec(name, **{**{k: v for k, v in common.items() if k not in pinned}, **opts})
     return taco.get_codec(name, **opts)
 
 

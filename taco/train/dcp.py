@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, Writ
 from torch.distributed.tensor import DTensor
 
 from taco.parallel import fully_sharded
+from taco.parallel.torch_private import local_tensor
 from taco.train.errors import CheckpointError
 from taco.train.files import sha256_file, write_atomic
 from taco.train.reshard import Piece, dp_restrict, fsdp_rows, tp_pieces
@@ -135,15 +136,11 @@ def _numel(shape: Any) -> int:
 # --------------------------------------------------------------------------- the rank's tensors
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
 def _pieces_of(p: torch.Tensor, pieces: list[Piece], dp: int, dp_rank: int) -> list[Piece]:
     """`pieces` (of the TP-local tensor) cut to what this rank holds when FSDP2 shards `p`."""
     if not isinstance(p, DTensor):
         return pieces
-    lo, hi = fsdp_rows(p.shape[0], p._local_tensor.shape[0], dp, dp_rank)
+    lo, hi = fsdp_rows(p.shape[0], local_tensor(p).shape[0], dp, dp_rank)
     return dp_restrict(pieces, lo, hi)
 
 
@@ -187,7 +184,7 @@ def rank_tensors(run: Any, for_load: bool = False) -> tuple[dict[str, Any], list
     replica = f"tp_replica/{_mesh_key(run)}/tp{dims.tp_rank}/"
 
     def add(prefix: str, suffix: str, t: torch.Tensor, ps: list[Piece]) -> None:
-        local = _local(t)
+        local = local_tensor(t)
         for pc in ps:
             key = f"{prefix}{pc.key}{suffix}"
             out[key] = Chunk(local[pc.local], pc.offsets, pc.size)
