@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -31,8 +32,23 @@ log = logging.getLogger("taco.kernels")
 _FELL_BACK: set[str] = set()
 
 
+def fit_cpu_codegen_to_aten() -> None:
+    """Make inductor's CPU code compile under `ATEN_CPU_CAPABILITY=default`.
+
+    With ATen forced to its portable kernels, the headers inductor compiles against carry no
+    `at::vec`, while its code generator still picks the machine's SIMD width: every vectorised
+    kernel then fails in g++ ("'at::vec' has not been declared", torch 2.13). Scalar code
+    (`cpp.simdlen = 1`) compiles; it sums in another order than the vectorised code, within the
+    same float tolerance. Any other capability: nothing changes."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "default":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.simdlen = 1
+
+
 @functools.cache
 def _compiled(name: str) -> Callable:
+    fit_cpu_codegen_to_aten()
     return torch.compile(getattr(Fn, name), dynamic=True, fullgraph=True)
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from taco import comm
 from taco.comm.policy import CodecSpec
+from taco.kernels.inductor import fit_cpu_codegen_to_aten
 
 from .batch_split import check_piece_counts
 from .data_parallel import wrap_data_parallel
@@ -120,6 +121,7 @@ def _compile_and_cast(
     if compile:  # the TP regions are custom ops (`compiled_ops`): a block is one graph
         if (ctx := tp_context(model)) is not None:
             ctx.overlap_wgrad = False
+        fit_cpu_codegen_to_aten()  # inductor's CPU code under ATEN_CPU_CAPABILITY=default
         for i in stage.layers:
             stage.model.layers[i].compile()
     if not cast:

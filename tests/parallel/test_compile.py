@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from taco.comm import CommPolicy
+from taco.kernels.inductor import fit_cpu_codegen_to_aten
 from taco.parallel import (
     ParallelDims,
     apply_tensor_parallel,
@@ -65,6 +66,7 @@ def test_a_sharded_block_compiles_without_graph_breaks(kind, sp):
 def _parity(rank, world, sp):
     eager, compiled = _model("gpt", sp, world, CommPolicy(None)), _model("gpt", sp, world, CommPolicy(None))
     torch._dynamo.reset()
+    fit_cpu_codegen_to_aten()  # as train.compile does (parallelize): ATEN_CPU_CAPABILITY=default too
     for layer in compiled.layers:
         layer.compile()  # inductor, as train.compile does
     torch.manual_seed(1)
