@@ -7,7 +7,6 @@ from .backend import KernelBackend
 from .base import Codec, Packed
 from .calibrate import CalibrationChoice, calibrate
 from .codecs import (
-    CODECS,
     FP8GroupCodec,
     FP8TensorCodec,
     Int4HadamardCodec,
@@ -16,14 +15,11 @@ from .codecs import (
     NoneCodec,
     Taco1sCodec,
     TacoCodec,
-    accepted_options,
-    codec_options,
-    get_codec,
-    list_codecs,
     sqnr_db,
 )
 from .formats import FP8_FORMATS, fp8_format
 from .hadamard import GROUP_SIZES, hadamard_matrix
+from .registry import CODECS, accepted_options, codec_options, get_codec, list_codecs
 from .specs import CodecSpec, Ladder, build_codec, parse_ladder, parse_spec
 
 __all__ = [

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Codec
-from .codecs import get_codec
 from .hadamard import GROUP_SIZES
+from .registry import get_codec
 
 
 @dataclass

@@ -13,6 +13,8 @@
 | int4-hadamard | Hadamard + int4 packed nibbles (DP/PP traffic)            | 0.5 + 4/G          |
 | mxfp8-e4m3 .. mxfp4, nvfp4 | the hardware block formats (`taco.codec.mx`) | 1.03 .. 0.53   |
 
+Codecs by name (`CODECS`, `get_codec`) are `taco.codec.registry`.
+
 The intB-hadamard codecs take `signs=True`: the randomized Hadamard (a fixed +-1 diagonal before
 the rotation, `hadamard.sign_flips`), same bytes per element; the default keeps the plain rotation;
 `signs="auto"` picks per group whichever of the two gives the smaller scale, the finer grid (the
@@ -38,7 +40,6 @@ from . import functional as Fn
 from .base import AxisGrouped, Codec, f32_view, finite_clamp, positive_finite
 from .formats import fp8_format, int_qmax
 from .hadamard import GROUP_SIZES, check_group_size, hadamard_matrix, sign_flips
-from .mx import MX_CODECS
 from .scales import check_scale_fmt, from_bytes, scale_bytes
 
 
@@ -388,64 +389,6 @@ INT_HADAMARD: dict[int, type[IntHadamardCodec]] = {
     b: {8: Int8HadamardCodec, 4: Int4HadamardCodec}.get(b) or _int_hadamard(b) for b in range(8, 1, -1)
 }
 """intB-hadamard by width B = 8..2 (int8 and int4 are the classes above: same names and bytes)."""
-
-
-CODECS: dict[str, type[Codec]] = {
-    c.name: c
-    for c in (
-        NoneCodec,
-        FP8TensorCodec,
-        FP8GroupCodec,
-        Int8GroupCodec,
-        TacoCodec,
-        Taco1sCodec,
-        *INT_HADAMARD.values(),
-        Int4Hadamard32Codec,
-        *MX_CODECS.values(),
-    )
-}
-
-
-def list_codecs() -> list[str]:
-    """Names accepted by `get_codec`."""
-    return list(CODECS)
-
-
-def codec_options(name: str) -> list[str]:
-    """The keyword options codec `name` accepts (its constructor's parameters)."""
-    import inspect
-
-    if name not in CODECS:
-        raise ValueError(f"unknown codec {name!r}: choose one of {list_codecs()}")
-    return [p for p in inspect.signature(CODECS[name].__init__).parameters if p != "self"]
-
-
-def accepted_options(name: str, options: dict) -> dict:
-    """The subset of `options` that codec `name` accepts (e.g. no group_size for fp8-tensor)."""
-    params = codec_options(name)
-    return {k: v for k, v in options.items() if k in params}
-
-
-def get_codec(name: str | Codec | None = "taco", **options) -> Codec:
-    """Build a codec by name with keyword options, e.g. get_codec("taco", group_size=128, fmt="e4m3").
-
-    A `Codec` instance is returned as is; None means "none".
-    """
-    if isinstance(name, Codec):
-        if options:
-            raise ValueError("options cannot be given with a codec instance")
-        return name
-    if name is None:
-        name = "none"
-    if not isinstance(name, str):
-        raise TypeError(f"codec must be a name or a Codec, got {type(name).__name__}")
-    cls = CODECS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown codec {name!r}: choose one of {list_codecs()}")
-    try:
-        return cls(**options)
-    except TypeError as e:
-        raise TypeError(f"codec {name!r} accepts options {codec_options(name)}: {e}") from None
 
 
 def sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:

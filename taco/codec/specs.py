@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import Codec
-from .codecs import NoneCodec, accepted_options, get_codec
+from .codecs import NoneCodec
+from .registry import accepted_options, get_codec
 
 CodecSpec = str | Codec | None
 """A codec name ("taco"), a spec with options ("taco(group_size=64,fmt=e5m2)"), a Codec, or None."""

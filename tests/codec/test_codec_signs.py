@@ -16,9 +16,9 @@ import torch
 
 import taco
 from taco.codec import build_codec
-from taco.codec.codecs import accepted_options
 from taco.codec.formats import unpack_bits
 from taco.codec.hadamard import hadamard_matrix, sign_flips, signed_hadamard
+from taco.codec.registry import accepted_options
 from taco.kernels import native
 from tests.helpers.kernels import assert_dsum_identical, triton_or_skip
 
