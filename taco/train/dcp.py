@@ -22,6 +22,7 @@ states are saved per rank and restored where the world size is unchanged.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import warnings
@@ -32,105 +33,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
-from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
 
 from taco.parallel import fully_sharded
 from taco.parallel.torch_private import local_tensor
+from taco.train.dcp_blocks import BlockLoadPlanner, BlockSavePlanner, Chunk
 from taco.train.errors import CheckpointError
 from taco.train.files import sha256_file, write_atomic
 from taco.train.reshard import Piece, dp_restrict, fsdp_rows, tp_pieces
 
 FORMAT = "dcp"
-
-
-class Chunk:
-    """This rank's block ``tensor`` of a logical tensor of shape ``size``, at ``offsets``: DCP's
-    checkpointable protocol (what DTensor implements), for blocks no placement describes."""
-
-    def __init__(self, tensor: torch.Tensor, offsets: tuple[int, ...], size: tuple[int, ...]) -> None:
-        self.tensor, self.offsets, self.global_size = tensor, torch.Size(offsets), torch.Size(size)
-
-    def _chunk(self) -> ChunkStorageMetadata:
-        return ChunkStorageMetadata(offsets=self.offsets, sizes=self.tensor.size())
-
-    def __create_write_items__(self, fqn: str, obj: Any) -> list[WriteItem]:
-        data = TensorWriteData(
-            chunk=self._chunk(),
-            properties=TensorProperties.create_from_tensor(self.tensor),
-            size=self.global_size,
-        )
-        return [WriteItem(index=MetadataIndex(fqn, self.offsets), type=WriteItemType.SHARD, tensor_data=data)]
-
-    def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
-        return [self._chunk()]
-
-    def __get_tensor_shard__(self, index: MetadataIndex) -> torch.Tensor:
-        return self.tensor
-
-
-class _SavePlanner(DefaultSavePlanner):
-    def lookup_object(self, index: MetadataIndex) -> Any:
-        obj = self.state_dict[index.fqn]
-        return obj.tensor if isinstance(obj, Chunk) else super().lookup_object(index)
-
-
-class _LoadPlanner(DefaultLoadPlanner):
-    """Reads blocks into `Chunk`s; refuses a logical tensor of another shape, or one the checkpoint
-    does not cover where this rank needs it (DCP alone would leave such a block as it was)."""
-
-    def __init__(self, where: Path) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.where = where
-
-    def set_up_planner(self, state_dict: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        chunks = {k: v for k, v in state_dict.items() if isinstance(v, Chunk)}
-        super().set_up_planner(state_dict, *args, **kwargs)  # its meta-tensor pass drops other types
-        state_dict.update(chunks)
-
-    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        obj = self.state_dict[index.fqn]
-        return obj.tensor if isinstance(obj, Chunk) else super().lookup_tensor(index)
-
-    def create_local_plan(self) -> LoadPlan:
-        for fqn, obj in self.state_dict.items():
-            md = self.metadata.state_dict_metadata.get(fqn)
-            if (
-                isinstance(obj, Chunk)
-                and isinstance(md, TensorStorageMetadata)
-                and md.size != obj.global_size
-            ):
-                raise CheckpointError(
-                    f"{self.where}: {fqn} has shape {list(md.size)} in the checkpoint but "
-                    f"{list(obj.global_size)} in this model: the model sizes differ; resume with "
-                    "the [model] sizes of the run that wrote it (its config.toml)"
-                )
-        plan = super().create_local_plan()
-        covered: dict[str, int] = {}
-        for item in plan.items:
-            covered[item.dest_index.fqn] = covered.get(item.dest_index.fqn, 0) + _numel(item.lengths)
-        for fqn, obj in self.state_dict.items():
-            want = obj.tensor.numel() if isinstance(obj, Chunk) else 0
-            if want and covered.get(fqn, 0) != want:
-                raise CheckpointError(
-                    f"{self.where} does not hold all of {fqn} at {list(obj.offsets)} + "
-                    f"{list(obj.tensor.shape)} (partial or damaged checkpoint); resume from another one"
-                )
-        return plan
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 # --------------------------------------------------------------------------- the rank's tensors
@@ -190,7 +102,7 @@ def rank_tensors(run: Any, for_load: bool = False) -> tuple[dict[str, Any], list
             out[key] = Chunk(local[pc.local], pc.offsets, pc.size)
             if dims.tp > 1 and pc.replicated:  # a copy on every TP rank: also saved as its own
                 out[replica + key] = out[key]
-        if sum(_numel(pc.shape) for pc in ps) != local.numel():
+        if sum(math.prod(pc.shape) for pc in ps) != local.numel():
             padded.append(local)  # holds rows past the real vocabulary
 
     for name, ps in pieces.items():
@@ -288,7 +200,7 @@ class DCPWriter:
         state[f"rng/{dist.get_world_size()}/{rank}"] = _rng()
         mesh = dict(run.dims.mesh(), dp_shard=int(run.sharded))
         writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
-        planner = _SavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+        planner = BlockSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
         kw = dict(storage_writer=writer, planner=planner, process_group=self.group)
         if self.async_save:
             fut = dcp.async_save(state, **kw)
@@ -412,7 +324,7 @@ def load(run: Any, step_dir: Path, group: Any = None) -> dict[str, Any]:
         raise CheckpointError(
             f"{step_dir} holds no optimizer state for this run's optimizer (another train.mixed_precision?)"
         )
-    dcp.load(state, storage_reader=reader, planner=_LoadPlanner(step_dir), process_group=group)
+    dcp.load(state, storage_reader=reader, planner=BlockLoadPlanner(step_dir), process_group=group)
     if "optim/step" in tensors:
         for _, _, st in _optimizer_entries(run.opt):
             if st and "step" in st:
@@ -460,4 +372,4 @@ def load_full_model(model: torch.nn.Module, step_dir: Path) -> None:
     }
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=reader, planner=_LoadPlanner(step_dir), no_dist=True)
+        dcp.load(state, storage_reader=reader, planner=BlockLoadPlanner(step_dir), no_dist=True)
