@@ -52,6 +52,26 @@ def test_ranks_with_different_piece_counts_get_a_clear_error_not_a_deadlock():
     assert all("different piece counts [2, 3]" in m and "tp_overlap_chunks" in m for m in msgs)
 
 
+def _logged_all_reduce(t: torch.Tensor, log: list[str], label: str) -> torch.Tensor:
+    """A piece's all-reduce of `t` through `overlapped`, logging when it starts and when it is done."""
+
+    def start() -> Handle:
+        y = t.clone()
+        work = dist.all_reduce(y, async_op=True)
+        log.append(f"start {label}")
+
+        def steps():
+            yield
+            work.wait()
+            return y
+
+        return Handle.start(steps())
+
+    y = overlapped(start)
+    log.append(f"done {label}")
+    return y
+
+
 def _order(rank: int, world: int) -> list[str]:
     """Each piece runs two 'layers'; every layer ends in an all-reduce. The log shows the turn
     order: piece 1 computes while piece 0's collective is in flight."""
@@ -60,22 +80,7 @@ def _order(rank: int, world: int) -> list[str]:
     def layer(x: torch.Tensor, name: str) -> torch.Tensor:
         i = int(x[0, 0].item())
         log.append(f"compute {name}{i}")
-
-        def start() -> Handle:
-            y = x.clone()
-            work = dist.all_reduce(y, async_op=True)
-            log.append(f"start {name}{i}")
-
-            def steps():
-                yield
-                work.wait()
-                return y
-
-            return Handle.start(steps())
-
-        y = overlapped(start)
-        log.append(f"done {name}{i}")
-        return y / world
+        return _logged_all_reduce(x, log, f"{name}{i}") / world
 
     x = torch.arange(2.0).repeat_interleave(3).view(2, 3)  # piece i holds the value i
     out = run_pieces(lambda h: layer(layer(h, "a"), "b"), x, 2)
@@ -115,21 +120,7 @@ class _LoggedReduceGrad(torch.autograd.Function):
     def backward(fctx, g):
         i = int(g[0, 0].item())
 
-        def start() -> Handle:
-            y = g.clone()
-            work = dist.all_reduce(y, async_op=True)
-            fctx.log.append(f"start {i}")
-
-            def steps():
-                yield
-                work.wait()
-                return y
-
-            return Handle.start(steps())
-
-        y = overlapped(start)
-        fctx.log.append(f"done {i}")
-        return y / dist.get_world_size(), None
+        return _logged_all_reduce(g, fctx.log, str(i)) / dist.get_world_size(), None
 
 
 def _backward_order(rank: int, world: int) -> tuple[list[str], list[float], list[float]]:
