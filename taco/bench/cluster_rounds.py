@@ -68,9 +68,9 @@ class TimedRun:
         return dict(steps=self.steps, val_loss=run.evaluate(), sites=sites)
 
 
-def block_order(n: int, block: int) -> list[int]:
-    """The order of turns for `n` runs: run i's turn once per block, every other block reversed."""
-    return list(range(n)) if block % 2 == 0 else list(range(n))[::-1]
+def block_order(n: int, index: int) -> list[int]:
+    """The order of `n` runs in block `index`: each run once, every other block reversed."""
+    return list(range(n)) if index % 2 == 0 else list(range(n))[::-1]
 
 
 def make_run(spec: dict[str, Any]) -> Any:
