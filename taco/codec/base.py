@@ -183,6 +183,20 @@ class Codec:
         from `dtype`) starts at byte k * stride of `bufs`; each is decoded, the terms are summed in
         fp32 in order with the raw `own` values as term `own_index`; the sum is encoded into `out`
         (if given) and stored into `sum_out` (if given, any float dtype)."""
+        size = self.nbytes(numel, dtype)
+        if nchunks < 0 or numel < 1 or (nchunks and bufs.numel() < (nchunks - 1) * stride + size):
+            raise ValueError(
+                f"{self.spec}: decode_sum_encode of {nchunks} chunks of {numel} elements at a stride of "
+                f"{stride} bytes needs {(nchunks - 1) * stride + size} bytes; bufs holds {bufs.numel()}"
+            )
+        if own is not None and own.numel() != numel:
+            raise ValueError(f"{self.spec}: own holds {own.numel()} values, expected {numel}")
+        self._decode_sum_encode(bufs, stride, nchunks, numel, dtype, own, own_index, out, sum_out)
+
+    # -- implementation -------------------------------------------------------------------------
+    def _decode_sum_encode(self, bufs, stride, nchunks, numel, dtype, own, own_index, out, sum_out) -> None:
+        """`decode_sum_encode` on checked arguments; this reference decodes, sums and encodes with
+        the codec's own calls (the group codecs hand it to their kernel backend)."""
         # codecs whose bytes do not depend on the dtype decode straight to fp32
         wire = torch.float32 if self.nbytes(numel, torch.float32) == self.nbytes(numel, dtype) else dtype
         size = self.nbytes(numel, dtype)
@@ -192,7 +206,6 @@ class Codec:
             lambda s, buf: self.encode(s if wire == torch.float32 else s.to(dtype), out=buf), out, sum_out,
         )  # fmt: skip
 
-    # -- implementation -------------------------------------------------------------------------
     def _encode_flat(self, x: torch.Tensor, out: torch.Tensor) -> None:
         raise NotImplementedError
 

@@ -157,29 +157,9 @@ class GroupCodec(AxisGrouped, Codec):
         if spans:
             self.kernel(buf.device).decode_chunks(self, buf, y, spans)
 
-    def decode_sum_encode(
-        self,
-        bufs: torch.Tensor,
-        stride: int,
-        nchunks: int,
-        numel: int,
-        dtype: torch.dtype,
-        own: torch.Tensor | None = None,
-        own_index: int = 0,
-        out: torch.Tensor | None = None,
-        sum_out: torch.Tensor | None = None,
-    ) -> None:
-        size = self.nbytes(numel)
-        if nchunks < 0 or numel < 1 or (nchunks and bufs.numel() < (nchunks - 1) * stride + size):
-            raise ValueError(
-                f"{self.spec}: decode_sum_encode of {nchunks} chunks of {numel} elements at a stride of "
-                f"{stride} bytes needs {(nchunks - 1) * stride + size} bytes; bufs holds {bufs.numel()}"
-            )
-        if own is not None and own.numel() != numel:
-            raise ValueError(f"{self.spec}: own holds {own.numel()} values, expected {numel}")
-        self.kernel(bufs.device).decode_sum_encode(
-            self, bufs, stride, nchunks, numel, own, own_index, out, sum_out
-        )
+    def _decode_sum_encode(self, bufs, stride, nchunks, numel, dtype, own, own_index, out, sum_out) -> None:
+        kernel = self.kernel(bufs.device)
+        kernel.decode_sum_encode(self, bufs, stride, nchunks, numel, own, own_index, out, sum_out)
 
     def _h(self, device: torch.device) -> torch.Tensor | None:
         return hadamard_matrix(self.group_size, device) if self.rotate else None

@@ -30,108 +30,62 @@ def _op(name: str) -> Callable[..., torch.Tensor] | None:
     return getattr(compiled_ops, name)
 
 
-class _CopyToTP(torch.autograd.Function):
-    """forward: identity; backward: all-reduce."""
-
-    @staticmethod
-    def forward(fctx, x, ctx, site):
-        fctx.ctx, fctx.site = ctx, site
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(fctx, g):
-        return region_all_reduce(g, fctx.ctx, fctx.site + ".bwd"), None, None
+Map = Callable[[torch.Tensor, TPContext, str], torch.Tensor]
+"""one direction of a region: (tensor, context, site name with its .fwd/.bwd suffix) -> tensor"""
 
 
-class _ReduceFromTP(torch.autograd.Function):
-    """forward: all-reduce; backward: identity."""
-
-    @staticmethod
-    def forward(fctx, x, ctx, site):
-        return region_all_reduce(x, ctx, site + ".fwd")
-
-    @staticmethod
-    def backward(fctx, g):
-        return g, None, None
+def _identity(t: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    return t.view_as(t)  # a view: autograd gives the region's output its own node
 
 
-class _ScatterToSP(torch.autograd.Function):
-    """forward: keep this rank's sequence slice; backward: all-gather (dim 1)."""
-
-    @staticmethod
-    def forward(fctx, x, ctx, site):
-        fctx.ctx, fctx.site = ctx, site
-        return region_split(x, ctx)
-
-    @staticmethod
-    def backward(fctx, g):
-        return region_all_gather(g, fctx.ctx, fctx.site + ".bwd"), None, None
+def _split(t: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+    return region_split(t, ctx)  # a local slice: no collective, so no site
 
 
-class _GatherFromSP(torch.autograd.Function):
-    """forward: all-gather (dim 1); backward: reduce-scatter (dim 1)."""
+def _region(op_name: str, forward: Map, backward: Map, doc: str) -> Callable[..., torch.Tensor]:
+    """A TP region: an autograd Function whose forward is `forward` and backward `backward` (each
+    pairing written once), entered eagerly, or as the custom op `op_name` while dynamo traces."""
 
-    @staticmethod
-    def forward(fctx, x, ctx, site):
-        fctx.ctx, fctx.site = ctx, site
-        return region_all_gather(x, ctx, site + ".fwd")
+    class Region(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx, x, ctx, site):
+            fctx.ctx, fctx.site = ctx, site
+            return forward(x, ctx, site + ".fwd")
 
-    @staticmethod
-    def backward(fctx, g):
-        return region_reduce_scatter(g, fctx.ctx, fctx.site + ".bwd"), None, None
+        @staticmethod
+        def backward(fctx, g):
+            return backward(g, fctx.ctx, fctx.site + ".bwd"), None, None
 
+    def region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
+        if ctx.size == 1:
+            return x
+        op = _op(op_name)
+        return Region.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
-class _ReduceScatterToSP(torch.autograd.Function):
-    """forward: reduce-scatter (dim 1); backward: all-gather (dim 1)."""
-
-    @staticmethod
-    def forward(fctx, x, ctx, site):
-        fctx.ctx, fctx.site = ctx, site
-        return region_reduce_scatter(x, ctx, site + ".fwd")
-
-    @staticmethod
-    def backward(fctx, g):
-        return region_all_gather(g, fctx.ctx, fctx.site + ".bwd"), None, None
+    region.__doc__ = doc
+    return region
 
 
-def copy_to_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """forward: identity, backward: all-reduce. Input of column-parallel layers without SP."""
-    if ctx.size == 1:
-        return x
-    op = _op("tp_copy_in")
-    return _CopyToTP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
-
-
-def reduce_from_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """forward: all-reduce, backward: identity. Output of row-parallel layers without SP."""
-    if ctx.size == 1:
-        return x
-    op = _op("tp_reduce_out")
-    return _ReduceFromTP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
-
-
-def scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """forward: split along s, backward: all-gather (dim 1). Entry into the SP region."""
-    if ctx.size == 1:
-        return x
-    op = _op("sp_scatter_in")
-    return _ScatterToSP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
-
-
-def gather_from_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """forward: all-gather (dim 1), backward: reduce-scatter (dim 1). Input of column-parallel with SP."""
-    if ctx.size == 1:
-        return x
-    op = _op("sp_gather_in")
-    return _GatherFromSP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
-
-
-def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """forward: reduce-scatter (dim 1), backward: all-gather (dim 1). Output of row-parallel with SP."""
-    if ctx.size == 1:
-        return x
-    op = _op("sp_reduce_scatter_out")
-    return _ReduceScatterToSP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
+copy_to_tensor_parallel_region = _region(
+    "tp_copy_in", _identity, region_all_reduce,
+    "forward: identity, backward: all-reduce. Input of column-parallel layers without SP.",
+)  # fmt: skip
+reduce_from_tensor_parallel_region = _region(
+    "tp_reduce_out", region_all_reduce, _identity,
+    "forward: all-reduce, backward: identity. Output of row-parallel layers without SP.",
+)  # fmt: skip
+scatter_to_sequence_parallel_region = _region(
+    "sp_scatter_in", _split, region_all_gather,
+    "forward: keep this rank's slice along s, backward: all-gather (dim 1). Entry into the SP region.",
+)  # fmt: skip
+gather_from_sequence_parallel_region = _region(
+    "sp_gather_in", region_all_gather, region_reduce_scatter,
+    "forward: all-gather (dim 1), backward: reduce-scatter (dim 1). Input of column-parallel with SP.",
+)  # fmt: skip
+reduce_scatter_to_sequence_parallel_region = _region(
+    "sp_reduce_scatter_out", region_reduce_scatter, region_all_gather,
+    "forward: reduce-scatter (dim 1), backward: all-gather (dim 1). Output of row-parallel with SP.",
+)  # fmt: skip
 
 
 def tp_input(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:

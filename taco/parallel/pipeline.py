@@ -51,6 +51,8 @@ from .torch_private import run_backward
 
 Action = tuple[str, int]
 """(kind, micro-batch): kind in fwd, bwd, send_fwd, recv_fwd, send_bwd, recv_bwd."""
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""the loss of a micro-batch: (logits, targets) -> a scalar"""
 SCHEDULES = ("1f1b", "gpipe")
 _WHAT = {"send_fwd": "act", "recv_fwd": "act", "send_bwd": "grad", "recv_bwd": "grad"}
 # a send and a receive with the same neighbour, in either order, run as one exchange (overlap_p2p)
@@ -338,7 +340,7 @@ class PipelineEngine:
         x: torch.Tensor,
         y: torch.Tensor,
         n_micro: int,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: LossFn,
         policy: comm.CommPolicy | None,
         train: bool,
     ) -> torch.Tensor:
@@ -406,13 +408,7 @@ class PipelineEngine:
             dist.all_reduce(total, group=self.group)
         return total
 
-    def train_step(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        n_micro: int,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, n_micro: int, loss_fn: LossFn) -> torch.Tensor:
         """Forward and backward of batch x [b, s] -> targets y [b, s] in n_micro micro-batches.
 
         Gradients accumulate into the stage's parameters (the mean loss over the batch);
@@ -424,13 +420,7 @@ class PipelineEngine:
         return self._run(plans[self.stage.stage], fused, x, y, n_micro, loss_fn, self.policy, train=True)
 
     @torch.no_grad()
-    def eval_step(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        n_micro: int,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
+    def eval_step(self, x: torch.Tensor, y: torch.Tensor, n_micro: int, loss_fn: LossFn) -> torch.Tensor:
         """The mean loss of a batch, forward only, plain (uncompressed) send/recv."""
         acts = [a for a in gpipe_actions(self.stage.stage, self.stage.n_stages, n_micro) if "fwd" in a[0]]
         return self._run(acts, set(), x, y, n_micro, loss_fn, None, train=False)
