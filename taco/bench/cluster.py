@@ -82,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="first steps left out of the timing (3)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto", help="auto: import taco.kernels")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="bind each rank to its own share of the cores (no migrations; docs/cluster.md)")
     p.add_argument("--burst", default="32kb", help="tc tbf burst")
     p.add_argument("--latency", default="400ms", help="tc tbf latency (queue bound, not a delay)")
     p.add_argument("--delay", type=float, default=0.0, help="netem one-way delay in ms (needs sch_netem)")
@@ -250,6 +252,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             c.train.out_dir = str(Path(tempfile.gettempdir()) / "taco-cluster")
             specs.append(dict(mode=mode, codec=codec, config=c.to_dict(), data_dir=str(data_dir),
                               threads=args.threads, backend=args.backend, warmup=args.warmup,
+                              pin=getattr(args, "pin_cores", False),
                               timeout=min(args.timeout, 1800)))  # fmt: skip
         specs += peer_runs.peer_specs(specs[first], getattr(args, "peers", []))  # the baseline's job
     return specs

@@ -104,10 +104,10 @@ def rank_round(rank: int, world: int, port: int, job: dict[str, Any]) -> list[di
     """The body of one rank process: the round's runs (`job["runs"]`) on one gloo world."""
     specs = job["runs"]
     first = specs[0]
-    for key in ("threads", "backend", "timeout"):
+    for key in ("threads", "backend", "timeout", "pin"):
         if any(s[key] != first[key] for s in specs):
             raise ValueError(f"the runs of one round must share {key!r} (they share processes)")
     if first["backend"] == "auto":
         import taco.kernels  # noqa: F401 - registers the native CPU codec kernels
-    with gloo_rank(rank, world, port, first["threads"], first["timeout"]):
+    with gloo_rank(rank, world, port, first["threads"], first["timeout"], first.get("pin", False)):
         return train_round(specs, job["block"], rank)

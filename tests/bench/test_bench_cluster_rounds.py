@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import os
 
 import pytest
 
 from taco.bench import cluster, cluster_rounds
 from taco.bench.cluster_noise import CONTROL
 from taco.bench.cluster_records import RunRecord
-from taco.bench.ranks import spawn_ranks
+from taco.bench.ranks import pin_cores, spawn_ranks
 from taco.train.config import load_config
 from taco.train.data import resolve_data_dir
 
@@ -78,3 +80,22 @@ def test_a_real_round_trains_each_run_as_alone(corpus, tmp_path):
     assert alone[0]["val_loss"] == runs[2].val_loss
     plain, taco = runs[0].steps[-1], runs[2].steps[-1]
     assert plain.wire_bytes == plain.raw_bytes > 0 and 0 < taco.wire_bytes < 0.6 * taco.raw_bytes
+
+
+def _pinned(rank: int, world: int) -> tuple[list[int], list[int]]:
+    """In a fresh process: the share `pin_cores` returns and the affinity the process has after it."""
+    share = pin_cores(rank, world)
+    return sorted(share), sorted(os.sched_getaffinity(0))
+
+
+def test_pinned_ranks_get_disjoint_shares_of_the_cores():
+    """--pin-cores: rank r runs on the r-th share of the usable cores, the shares disjoint and covering
+    them; with more ranks than cores nothing is pinned (a share per rank is impossible)."""
+    cores = sorted(os.sched_getaffinity(0))
+    n = len(cores)
+    with mp.get_context("spawn").Pool(2, maxtasksperchild=1) as pool:  # a fresh process per call
+        got = pool.starmap(_pinned, [(r, n) for r in range(n)] + [(0, n + 1)])
+    shares = [share for share, now in got[:n]]
+    assert all(share == now for share, now in got[:n])  # the process runs where pin_cores says
+    assert shares == [[c] for c in cores]  # one core each, in rank order: disjoint, covering
+    assert got[n] == (cores, cores)  # more ranks than cores: unchanged
