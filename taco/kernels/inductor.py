@@ -33,14 +33,18 @@ _FELL_BACK: set[str] = set()
 
 
 def fit_cpu_codegen_to_aten() -> None:
-    """Make inductor's CPU code compile under `ATEN_CPU_CAPABILITY=default`.
+    """Make inductor's CPU code agree with ATen when `ATEN_CPU_CAPABILITY` forces a capability.
 
-    With ATen forced to its portable kernels, the headers inductor compiles against carry no
-    `at::vec`, while its code generator still picks the machine's SIMD width: every vectorised
-    kernel then fails in g++ ("'at::vec' has not been declared", torch 2.13). Scalar code
-    (`cpp.simdlen = 1`) compiles; it sums in another order than the vectorised code, within the
-    same float tolerance. Any other capability: nothing changes."""
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "default":
+    Forced to its portable kernels (`default`), ATen's headers that inductor compiles against carry
+    no `at::vec`, while the code generator still picks the machine's SIMD width: every vectorised
+    kernel then fails in g++ ("'at::vec' has not been declared", torch 2.13). Forced to a narrower
+    ISA than the machine's (`avx2` on an AVX-512 CPU), the generated code assumes the narrow
+    vector width while the kernels are compiled for the machine: wrong codes (whole vectors of
+    zeros) and crashes (torch 2.13). Scalar code (`cpp.simdlen = 1`) is right under any forced
+    capability; it sums in another order than the vectorised code, within the same float
+    tolerance. Without the variable (ATen and inductor both pick the machine's ISA): nothing
+    changes."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip():
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.simdlen = 1

@@ -121,7 +121,7 @@ def _compile_and_cast(
     if compile:  # the TP regions are custom ops (`compiled_ops`): a block is one graph
         if (ctx := tp_context(model)) is not None:
             ctx.overlap_wgrad = False
-        fit_cpu_codegen_to_aten()  # inductor's CPU code under ATEN_CPU_CAPABILITY=default
+        fit_cpu_codegen_to_aten()  # inductor's CPU code under a forced ATEN_CPU_CAPABILITY
         for i in stage.layers:
             stage.model.layers[i].compile()
     if not cast:
