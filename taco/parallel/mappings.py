@@ -44,15 +44,18 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """forward: all-reduce; backward: identity."""
+    """forward: all-reduce (in x's memory when `donate` and plain); backward: identity."""
 
     @staticmethod
-    def forward(fctx, x, ctx, site):
-        return region_all_reduce(x, ctx, site + ".fwd")
+    def forward(fctx, x, ctx, site, donate):
+        out = region_all_reduce(x, ctx, site + ".fwd", donate)
+        if out is x:  # summed in place: autograd is told (an earlier use of x saved for backward raises)
+            fctx.mark_dirty(x)
+        return out
 
     @staticmethod
     def backward(fctx, g):
-        return g, None, None
+        return g, None, None, None
 
 
 class _ScatterToSP(torch.autograd.Function):
@@ -102,12 +105,16 @@ def copy_to_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -
     return _CopyToTP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
 
 
-def reduce_from_tensor_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """forward: all-reduce, backward: identity. Output of row-parallel layers without SP."""
+def reduce_from_tensor_parallel_region(
+    x: torch.Tensor, ctx: TPContext, site: str, donate: bool = False
+) -> torch.Tensor:
+    """forward: all-reduce, backward: identity. Output of row-parallel layers without SP.
+    `donate`: x is the caller's temporary (a GEMM's fresh output): the plain all-reduce sums it in
+    place instead of copying it first."""
     if ctx.size == 1:
         return x
     op = _op("tp_reduce_out")
-    return _ReduceFromTP.apply(x, ctx, site) if op is None else op(x, ctx.key, site)
+    return _ReduceFromTP.apply(x, ctx, site, donate) if op is None else op(x, ctx.key, site)
 
 
 def scatter_to_sequence_parallel_region(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
@@ -141,8 +148,9 @@ def tp_input(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     return copy_to_tensor_parallel_region(x, ctx, site)
 
 
-def tp_output(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """Leave a row-parallel block: reduce-scatter with SP, else all-reduce."""
+def tp_output(x: torch.Tensor, ctx: TPContext, site: str, donate: bool = False) -> torch.Tensor:
+    """Leave a row-parallel block: reduce-scatter with SP, else all-reduce (`donate`: in place, as
+    `reduce_from_tensor_parallel_region`)."""
     if ctx.sp:
         return reduce_scatter_to_sequence_parallel_region(x, ctx, site)
-    return reduce_from_tensor_parallel_region(x, ctx, site)
+    return reduce_from_tensor_parallel_region(x, ctx, site, donate)
