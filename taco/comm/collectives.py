@@ -81,6 +81,7 @@ def all_reduce(
     policy: CommPolicy | None = None,
     slices: int | None = None,
     algo: str | None = None,
+    donate: bool = False,
 ) -> torch.Tensor | Handle:
     """Sum of x over the group's ranks, the same on every rank (docs/design.md 1.3).
 
@@ -93,6 +94,9 @@ def all_reduce(
     policy's `slices_for(bytes)`, without a policy up to 4 slices of >= 1 MiB each, the measured
     best (numbers under `CommPolicy.slices`); one slice over NVLink-class links (`links.py`).
     Slicing never changes the result or the bytes.
+    `donate=True`: the caller gives x up (a temporary nothing else reads): the plain collective sums
+    in x's own memory and returns x itself, as Megatron's in-place all-reduce does, instead of a copy;
+    the compressed paths leave x as it is.
     """
     call = Call("all_reduce", x, group, codec, site, policy)
     if slices is not None:
@@ -110,7 +114,8 @@ def all_reduce(
     n = call.world
     call.account(2 * (n - 1) * tensor_bytes(x) // n)
     if call.codec is None:  # x's own memory layout: the backend reduces in memory order, so a
-        out = _copy_as(x)  # transposed view copied contiguous would be summed in another order
+        out = x if donate and x.is_contiguous() else _copy_as(x)  # transposed view copied contiguous
+        # would be summed in another order
         return call.run(call.issue(lambda: dist.all_reduce(out, group=group, async_op=True), out), async_op)
     if x.numel() == 0:
         return call.run(_copy(x), async_op)

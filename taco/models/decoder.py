@@ -28,9 +28,12 @@ class Decoder(nn.Module):
         """Hidden states through the blocks held here: [b, s, h] -> [b, s, h]."""
         raise NotImplementedError
 
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and output projection; logits in fp32. ``x``: [b, s, h] -> [b, s, vocab]."""
-        return self.lm_head(self.norm(x)).float()  # [b, s, vocab]
+    def head(self, x: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """Final norm and output projection. ``x``: [b, s, h] -> logits [b, s, vocab], in fp32
+        (``upcast=False``: in the model's dtype, for a loss that widens them itself, so that the
+        logits are not copied to fp32 twice)."""
+        logits = self.lm_head(self.norm(x))  # [b, s, vocab]
+        return logits.float() if upcast else logits
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``idx``: LongTensor [b, s] -> logits [b, s, vocab] (float32)."""

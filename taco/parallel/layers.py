@@ -89,7 +89,8 @@ class RowParallelLinear(nn.Module):
             mark_tp_partial(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_output(F.linear(x, self.weight), self.ctx, self.name)  # [b, s(/tp), out]
+        # the GEMM's output is ours alone: the plain all-reduce sums it in place
+        y = tp_output(F.linear(x, self.weight), self.ctx, self.name, donate=True)  # [b, s(/tp), out]
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
@@ -117,4 +118,4 @@ class VocabParallelEmbedding(nn.Module):
         outside = (idx < self.start) | (idx >= self.end)  # [b, s]
         local = (idx - self.start).masked_fill(outside, 0)  # [b, s]
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)  # [b, s, h]
-        return reduce_from_tensor_parallel_region(out, self.ctx, self.name)
+        return reduce_from_tensor_parallel_region(out, self.ctx, self.name, donate=True)

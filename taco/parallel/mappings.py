@@ -70,10 +70,6 @@ copy_to_tensor_parallel_region = _region(
     "tp_copy_in", _identity, region_all_reduce,
     "forward: identity, backward: all-reduce. Input of column-parallel layers without SP.",
 )  # fmt: skip
-reduce_from_tensor_parallel_region = _region(
-    "tp_reduce_out", region_all_reduce, _identity,
-    "forward: all-reduce, backward: identity. Output of row-parallel layers without SP.",
-)  # fmt: skip
 scatter_to_sequence_parallel_region = _region(
     "sp_scatter_in", _split, region_all_gather,
     "forward: keep this rank's slice along s, backward: all-gather (dim 1). Entry into the SP region.",
@@ -88,6 +84,33 @@ reduce_scatter_to_sequence_parallel_region = _region(
 )  # fmt: skip
 
 
+class _ReduceFromTP(torch.autograd.Function):
+    """forward: all-reduce (in x's memory when `donate` and plain); backward: identity."""
+
+    @staticmethod
+    def forward(fctx, x, ctx, site, donate):
+        out = region_all_reduce(x, ctx, site + ".fwd", donate)
+        if out is x:  # summed in place: autograd is told (an earlier use of x saved for backward raises)
+            fctx.mark_dirty(x)
+        return out
+
+    @staticmethod
+    def backward(fctx, g):
+        return g, None, None, None
+
+
+def reduce_from_tensor_parallel_region(
+    x: torch.Tensor, ctx: TPContext, site: str, donate: bool = False
+) -> torch.Tensor:
+    """forward: all-reduce, backward: identity. Output of row-parallel layers without SP.
+    `donate`: x is the caller's temporary (a GEMM's fresh output): the plain all-reduce sums it in
+    place instead of copying it first."""
+    if ctx.size == 1:
+        return x
+    op = _op("tp_reduce_out")
+    return _ReduceFromTP.apply(x, ctx, site, donate) if op is None else op(x, ctx.key, site)
+
+
 def tp_input(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     """Enter a column-parallel block: all-gather with SP, else identity (all-reduce in backward)."""
     if ctx.sp:
@@ -95,8 +118,9 @@ def tp_input(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
     return copy_to_tensor_parallel_region(x, ctx, site)
 
 
-def tp_output(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """Leave a row-parallel block: reduce-scatter with SP, else all-reduce."""
+def tp_output(x: torch.Tensor, ctx: TPContext, site: str, donate: bool = False) -> torch.Tensor:
+    """Leave a row-parallel block: reduce-scatter with SP, else all-reduce (`donate`: in place, as
+    `reduce_from_tensor_parallel_region`)."""
     if ctx.sp:
         return reduce_scatter_to_sequence_parallel_region(x, ctx, site)
-    return reduce_from_tensor_parallel_region(x, ctx, site)
+    return reduce_from_tensor_parallel_region(x, ctx, site, donate)

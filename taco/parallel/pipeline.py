@@ -135,7 +135,9 @@ class PipelineStage(nn.Module):
         split = self.pieces > 1  # batch-split: the pieces' gradients come back through one node
         params = [p for i in self.layers for p in self.model.layers[i].parameters()] if split else []
         x = run_pieces(layers, x, self.pieces, params)  # [b, s(/tp with SP), h]
-        return self.model.head(x) if self.is_last else x  # logits [b, s, V/tp] or [b, s(/tp), h]
+        # logits [b, s, V/tp] in the model's dtype (the vocab-parallel loss widens them to fp32 in its
+        # one full-size buffer; its backward returns the gradient in their dtype), or [b, s(/tp), h]
+        return self.model.head(x, upcast=False) if self.is_last else x
 
 
 def embedding_group(dims: ParallelDims, tied: bool) -> dist.ProcessGroup | None:

@@ -94,9 +94,10 @@ def _collective(
     return out.to(x.dtype) if cast else out
 
 
-def region_all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> torch.Tensor:
-    """Sum over the TP group (site `site`)."""
-    return _collective(comm.all_reduce, x, ctx, site)
+def region_all_reduce(x: torch.Tensor, ctx: TPContext, site: str, donate: bool = False) -> torch.Tensor:
+    """Sum over the TP group (site `site`); `donate`: x is a temporary the plain collective may sum
+    in place (`taco.comm.all_reduce`), unless a capture hook sees it."""
+    return _collective(comm.all_reduce, x, ctx, site, donate=donate and ctx.capture is None)
 
 
 def start_tp_all_reduce(x: torch.Tensor, ctx: TPContext, site: str) -> Callable[[], torch.Tensor]:

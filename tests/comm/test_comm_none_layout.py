@@ -38,3 +38,23 @@ def _body(rank: int, world: int) -> None:
 @pytest.mark.parametrize("world", [3, 4])
 def test_codec_none_all_reduce_is_dist_all_reduce_for_any_layout(world):
     run_distributed(_body, world)
+
+
+def _donate_body(rank: int, world: int) -> None:
+    gen = torch.Generator().manual_seed(7 + rank)
+    base = torch.randn(4, 8, 64, generator=gen).to(torch.bfloat16)
+    want = base.clone()
+    dist.all_reduce(want)
+    x = base.clone()
+    got = tc.all_reduce(x, codec=None, donate=True)
+    assert got is x and torch.equal(got, want), "plain + donate: summed in x's own memory"
+    t = base.transpose(0, 2).contiguous().transpose(0, 2)  # not contiguous: copied, as without donate
+    got = tc.all_reduce(t, codec=None, donate=True)
+    assert got is not t and torch.equal(got, want) and torch.equal(t, base)
+    x = base.clone()
+    got = tc.all_reduce(x, codec="int8-hadamard", donate=True)
+    assert got is not x and torch.equal(x, base), "a compressed all-reduce leaves a donated x as it was"
+
+
+def test_a_donated_input_is_summed_in_place_by_the_plain_all_reduce_only():
+    run_distributed(_donate_body, 2)

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from taco.comm import CommPolicy
-from taco.train.adaptive.autopolicy import Message, SiteRecorder, Timing, decide, disagrees, predict_step_s
+from taco.train.adaptive.autopolicy import (
+    Message,
+    SiteRecorder,
+    Timing,
+    decide,
+    disagrees,
+    gain_bound,
+    predict_step_s,
+)
 from taco.train.config import load_config
 from tests.helpers.dist import run_distributed
 from tests.helpers.runs import tiny_args
@@ -26,6 +34,23 @@ def test_decide_compresses_only_where_it_beats_plain_by_the_margin():
     assert decide(t, 0.03) == {"a.fwd": True, "b.fwd": False, "c.bwd": False, "d.bwd": True}
     assert decide(t, 0.0)["b.fwd"] is True
     assert decide({}, 0.03) == {}
+
+
+def test_a_gain_inside_the_probes_spread_keeps_the_plain_collective():
+    """The medians say 10% faster; the bound from the paired repeats says the gain may be 1%, under
+    the 3% margin: plain. The same medians with a bound clearing the margin: compressed."""
+    assert decide({"a": Timing(1.0, 0.9, gain_low_s=0.01)}, 0.03) == {"a": False}
+    assert decide({"a": Timing(1.0, 0.9, gain_low_s=0.05)}, 0.03) == {"a": True}
+    assert decide({"a": Timing(1.0, 0.99, gain_low_s=0.5)}, 0.03) == {"a": False}  # medians: 1% only
+    assert decide({"a": Timing(1.0, 0.9, gain_low_s=-0.2)}, 0.0) == {"a": False}
+
+
+def test_gain_bound_is_an_order_statistic_of_the_paired_differences():
+    d = [0.5, -0.1, 0.3, 0.2, 0.4, 0.1, 0.6]  # 7 pairs: the 2nd smallest (P(Bin(7, 1/2) <= 1) = 6%)
+    assert gain_bound(d) == 0.1
+    assert gain_bound([0.3, 0.1, 0.2]) == 0.1  # 3 pairs: the smallest
+    assert gain_bound(list(range(15))) == 4  # P(Bin(15, 1/2) <= 4) = 5.9%, <= 5: 15%
+    assert gain_bound([2.0]) == 2.0
 
 
 def test_prediction_adds_each_changed_sites_calls_times_its_time_change():
@@ -142,6 +167,20 @@ def test_plain_wins_everywhere_when_the_slowest_rank_says_so(corpus, tmp_path):
     assert all(r["tp_wire_bytes"] < r["tp_raw_bytes"] for r in recs[:2])  # warm-up: compressed
     assert all(r["tp_wire_bytes"] == r["tp_raw_bytes"] > 0 for r in recs[2:])
     assert "[auto]" in (out / "comm_stats.txt").read_text()
+
+
+def test_the_smallest_gain_bound_of_the_tp_group_decides(corpus, tmp_path):
+    """Both ranks' medians say compression halves the call; rank 1's repeats bound the gain at 1%
+    of the plain time only: every rank keeps every site plain, and the summary shows that bound."""
+    out = tmp_path / "bound"
+    res = run_distributed(
+        _run_with, 2, _cfg(corpus, out, "--train.steps=5"), [[(1e-3, 0.5e-3, 0.4e-3)], [(1e-3, 0.5e-3, 1e-5)]]
+    )
+    sites = sorted(res[0]["specs"])
+    for r in res:
+        assert r["site_codecs"] == dict.fromkeys(sites, "none")
+    row = res[0]["summary"]["auto"]["sites"][sites[0]]
+    assert row["gain_low_ms"] == pytest.approx(0.01) and not row["compressed"]
 
 
 def test_a_contradicted_prediction_reprobes_and_compression_returns_where_it_wins(corpus, tmp_path):

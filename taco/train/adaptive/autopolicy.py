@@ -5,9 +5,13 @@ depends on the link, the message size and the codec's speed on this machine; so 
 During the first `auto_warmup_steps` steps (compressed as configured) its observer of the TP policy
 learns each site's collective, message shape, dtype, codec and calls per step. At that step boundary
 every distinct message is timed on the real TP group, plain and compressed (`taco.comm`, so the
-codec's in-training speed counts), a few interleaved repeats after a warm-up; each rank's medians are
-max-reduced over the TP group, so every rank of it decides the same. A site keeps its codec iff
-compressed < plain * (1 - auto_margin); the others get `set_site_codec(site, "none")`.
+codec's in-training speed counts), a few interleaved repeats after a warm-up. Per rank: the medians,
+and a lower bound of the gain from the repeats' paired differences (plain - compressed, each pair
+timed back to back; `gain_bound`); max-reduced over the TP group (the bound min-reduced), so every
+rank of it decides the same. A site keeps its codec iff the gain clears `auto_margin` of the plain
+time both by the medians and by that bound: a gain inside the probe's own spread (a fast link, where
+plain and compressed calls cost about the same) keeps the plain collective. The others get
+`set_site_codec(site, "none")`.
 
 The decision predicts the step time: the measured one before it plus, per site, calls per step x the
 change of that site's collective time. When the median of the next `auto_check_steps` steps is slower
@@ -18,6 +22,7 @@ than that by more than `auto_tolerance` on any rank, every TP group probes and d
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -55,18 +60,44 @@ class Message:
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds of one call of a site's collective, plain and with its codec (max over the TP group)."""
+    """Seconds of one call of a site's collective, plain and with its codec (max over the TP group);
+    `gain_low_s`: a lower bound of the gain per call, plain - compressed, from the probe's repeats
+    (`gain_bound`; min over the TP group), None where no spread is known (then the medians decide)."""
 
     plain_s: float
     compressed_s: float
+    gain_low_s: float | None = None
 
     def seconds(self, compress: bool) -> float:
         return self.compressed_s if compress else self.plain_s
 
+    def pays(self, margin: float) -> bool:
+        """Whether compression wins by `margin` of the plain time, by the medians and by the bound."""
+        need = self.plain_s * margin
+        by_medians = self.plain_s - self.compressed_s > need
+        return by_medians and (self.gain_low_s is None or self.gain_low_s > need)
+
+
+GAIN_LEVEL = 0.10
+"""`gain_bound`: the chance that the true median gain lies below the bound (one-sided, 90%)."""
+
+
+def gain_bound(diffs: list[float], level: float = GAIN_LEVEL) -> float:
+    """A distribution-free lower bound of the median of paired differences: the k-th smallest, k the
+    largest with P(Binomial(n, 1/2) < k) <= `level` (at least the smallest; n = 7: the 2nd, 94%)."""
+    d, n = sorted(diffs), len(diffs)
+    k, below = 1, 0.5**n  # P(X <= k - 1) for k = 1
+    while k < n:
+        nxt = below + math.comb(n, k) * 0.5**n  # P(X <= k)
+        if nxt > level:
+            break
+        k, below = k + 1, nxt
+    return d[k - 1]
+
 
 def decide(timings: Mapping[str, Timing], margin: float) -> dict[str, bool]:
-    """Per site: True (keep the codec) iff the compressed call is faster than plain by `margin`."""
-    return {s: t.compressed_s < t.plain_s * (1.0 - margin) for s, t in timings.items()}
+    """Per site: True (keep the codec) iff compression pays by `margin` (`Timing.pays`)."""
+    return {s: t.pays(margin) for s, t in timings.items()}
 
 
 def predict_step_s(
@@ -161,8 +192,9 @@ class AutoPolicy:
         (comm.all_gather if m.op == "all_gather" else comm.reduce_scatter)(x, dim=d, **kw)
 
     def time_message(self, m: Message) -> Timing:
-        """This rank's median seconds of `m`'s collective, plain and compressed (interleaved repeats
-        after one warm-up call of each, the ranks aligned by a barrier before each call)."""
+        """This rank's median seconds of `m`'s collective, plain and compressed, and the bound of the
+        gain from the pairs (interleaved repeats, plain then compressed, after one warm-up call of
+        each, the ranks aligned by a barrier before each call)."""
         g = torch.Generator(device=self.device).manual_seed(0)
         x = torch.randn(m.shape, generator=g, device=self.device, dtype=torch.float32).to(m.dtype)
         times: dict[bool, list[float]] = {False: [], True: []}
@@ -175,7 +207,8 @@ class AutoPolicy:
                 sync_device(self.device)
                 if i:  # the first round warms buffers and kernels up
                     times[compress].append(time.perf_counter() - t0)
-        return Timing(statistics.median(times[False]), statistics.median(times[True]))
+        diffs = [p - c for p, c in zip(times[False], times[True])]
+        return Timing(statistics.median(times[False]), statistics.median(times[True]), gain_bound(diffs))
 
     def probe(self) -> dict[str, Timing]:
         """Per site: the timing of its message, each distinct message timed once, max over the TP group."""
@@ -183,11 +216,13 @@ class AutoPolicy:
         keys = list(dict.fromkeys((m.op, m.shape, m.dtype, m.codec.spec) for m in msgs.values()))
         first = {(m.op, m.shape, m.dtype, m.codec.spec): m for m in reversed(msgs.values())}
         local = [self.measure(first[k]) for k in keys]
-        rows = [[x.plain_s, x.compressed_s] for x in local]
+        # the bound travels negated (inf: none known), so one MAX reduction takes its minimum
+        bounds = [-math.inf if x.gain_low_s is None else -x.gain_low_s for x in local]
+        rows = [[x.plain_s, x.compressed_s, b] for x, b in zip(local, bounds)]
         t = torch.tensor(rows, dtype=torch.float64, device=self.device)
         if self.group is not None and t.numel():
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        worst = dict(zip(keys, (Timing(*row) for row in t.tolist())))
+        worst = {k: Timing(p, c, None if math.isinf(g) else -g) for k, (p, c, g) in zip(keys, t.tolist())}
         return {s: worst[(m.op, m.shape, m.dtype, m.codec.spec)] for s, m in msgs.items()}
 
     # -- deciding -------------------------------------------------------------------------------
@@ -268,6 +303,7 @@ class AutoPolicy:
             m = self.recorder.messages[site]
             out[site] = dict(op=m.op, bytes=m.nbytes, calls_per_step=self.calls_per_step.get(site, 0.0),
                              codec=m.codec.spec, plain_ms=t.plain_s * 1e3, compressed_ms=t.compressed_s * 1e3,
+                             gain_low_ms=None if t.gain_low_s is None else t.gain_low_s * 1e3,
                              compressed=self.choice[site])  # fmt: skip
         return out
 
@@ -292,12 +328,14 @@ class AutoPolicy:
             f"{h['sites']} TP sites compressed (margin {self.margin:.0%}); step "
             f"{h['reference_step_s'] * 1e3:.1f} ms measured -> "
             f"{h['predicted_step_s'] * 1e3:.1f} ms predicted (probe {h['probe_s']:.2f} s)",
-            f"  {'site':<28} {'op':<14} {'bytes':>9} {'calls':>5} {'plain ms':>9} {'codec ms':>9}  decision",
+            f"  {'site':<28} {'op':<14} {'bytes':>9} {'calls':>5} {'plain ms':>9} {'codec ms':>9} "
+            f"{'gain >= ms':>10}  decision",
         ]
         for site, r in self.site_rows().items():
             choice = r["codec"] if r["compressed"] else "none"
+            low = "-" if r["gain_low_ms"] is None else f"{r['gain_low_ms']:.3f}"
             lines.append(
                 f"  {site:<28} {r['op']:<14} {r['bytes']:>9} {r['calls_per_step']:>5.1f} "
-                f"{r['plain_ms']:>9.3f} {r['compressed_ms']:>9.3f}  {choice}"
+                f"{r['plain_ms']:>9.3f} {r['compressed_ms']:>9.3f} {low:>10}  {choice}"
             )
         return "\n".join(lines)

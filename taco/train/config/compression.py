@@ -125,9 +125,11 @@ class CompressionConfig(_Section):
         "and step times are the decision's input; the first step's start-up cost is left out).")})
     auto_margin: float = field(default=0.03, metadata={"doc": (
         'when = "auto": a site is compressed only if its compressed collective is faster than the plain '
-        "one by this fraction (0.03 = 3%).")})
+        "one by this fraction (0.03 = 3%), by the medians of the probe and by the lower bound of the "
+        "gain from its paired repeats.")})
     auto_repeats: int = field(default=7, metadata={"doc": (
-        'when = "auto": timed repeats of each probed collective (median per rank, max over the TP group).')})
+        'when = "auto": timed repeats of each probed collective (median per rank, max over the TP group; '
+        "the pairs bound the gain: the 2nd smallest of 7).")})
     auto_check_steps: int = field(default=5, metadata={"doc": (
         'when = "auto": steps after a decision whose median step time is compared with the prediction.')})
     auto_tolerance: float = field(default=0.15, metadata={"doc": (
