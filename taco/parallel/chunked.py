@@ -34,8 +34,6 @@ from taco.comm.p2p import post
 
 from .regions import SEQ_DIM, TPContext
 
-MODES = ("none", "batch-split", "chunked")
-
 
 class _Ring:
     """One ring collective's peers, codec and statistics (resolved once per call)."""
