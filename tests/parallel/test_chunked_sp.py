@@ -73,7 +73,7 @@ def _rings(rank: int, world: int) -> dict:
     for codec in ("none", "int6-hadamard"):
         ctx = TPContext(dist.group.WORLD, CommPolicy(codec=codec), sp=True)
         seen: list[int] = []
-        got = ring_gather(x, ctx, "t.ag", lambda j, xj: seen.append(j))
+        got = ring_gather(x, ctx, "t.ag", lambda j, xj, seen=seen: seen.append(j))
         assert seen == [(rank - t) % world for t in range(world)]  # own shard first, then the ring
         want = comm.all_gather(x, codec=codec, dim=1)
         assert_equal(got, want, f"{codec} ring all-gather vs all_gather")  # same bytes decoded
@@ -176,3 +176,15 @@ def test_trainer_chunked_with_a_codec_and_recompute_trains(corpus, tmp_path):
 def test_chunked_config_refuses_what_it_does_not_run(corpus, tmp_path, extra, match):
     with pytest.raises(ValueError, match=match):
         tiny(corpus, tmp_path / "x", "--parallel.tp_overlap=chunked", *extra)
+
+
+@pytest.mark.slow  # 4 ranks: TP=2 x (PP=2 1F1B | DDP=2 | FSDP2=2)
+@pytest.mark.parametrize(
+    "dp", [["--parallel.pp=2", "--parallel.microbatches=2"], ["--parallel.dp=2"],
+           ["--parallel.dp=2", "--parallel.dp_shard=true"]], ids=["pp", "ddp", "fsdp2"],
+)  # fmt: skip
+def test_trainer_chunked_with_pp_ddp_and_fsdp2_equals_plain_sp(corpus, tmp_path, dp):
+    every = ["--compression.tp_codec=none", "--train.log_interval=1", "--parallel.sp=true", *dp]
+    launch(tiny(corpus, tmp_path / "plain", *every))
+    launch(tiny(corpus, tmp_path / "chunked", *every, *CHUNKED))
+    assert _rel(losses(tmp_path / "chunked"), losses(tmp_path / "plain")) <= 1e-5
