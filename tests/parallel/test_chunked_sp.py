@@ -188,3 +188,21 @@ def test_trainer_chunked_with_pp_ddp_and_fsdp2_equals_plain_sp(corpus, tmp_path,
     launch(tiny(corpus, tmp_path / "plain", *every))
     launch(tiny(corpus, tmp_path / "chunked", *every, *CHUNKED))
     assert _rel(losses(tmp_path / "chunked"), losses(tmp_path / "plain")) <= 1e-5
+
+
+@pytest.mark.parametrize("mp", ["master", "autocast"])
+def test_trainer_chunked_in_bf16_stays_on_the_plain_curve(corpus, tmp_path, mp):
+    args = ["--compression.tp_codec=none", "--train.log_interval=1", "--train.dtype=bf16"]
+    args += ["--parallel.sp=true", f"--train.mixed_precision={mp}"]
+    launch(tiny(corpus, tmp_path / "plain", *args))
+    launch(tiny(corpus, tmp_path / "chunked", *args, *CHUNKED))
+    assert _rel(losses(tmp_path / "chunked"), losses(tmp_path / "plain")) <= 1e-2  # bf16 rounding only
+
+
+def test_trainer_chunked_with_the_adaptive_wing_trains(corpus, tmp_path):
+    wing = ["--compression.calibrate=true", "--compression.calibrate_steps=2"]
+    wing += ["--compression.telemetry_every=2", "--compression.when=auto"]
+    wing += ["--compression.auto_warmup_steps=1", "--compression.auto_repeats=2"]
+    res = launch(tiny(corpus, tmp_path / "wing", *wing, *CHUNKED))
+    assert math.isfinite(res["final_val_loss"])
+    assert (tmp_path / "wing" / "calibration.json").is_file()
