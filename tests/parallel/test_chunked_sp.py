@@ -206,3 +206,12 @@ def test_trainer_chunked_with_the_adaptive_wing_trains(corpus, tmp_path):
     res = launch(tiny(corpus, tmp_path / "wing", *wing, *CHUNKED))
     assert math.isfinite(res["final_val_loss"])
     assert (tmp_path / "wing" / "calibration.json").is_file()
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_trainer_chunked_with_recompute_equals_plain_sp(corpus, tmp_path, recompute):
+    every = ["--compression.tp_codec=none", "--train.log_interval=1", "--parallel.sp=true"]
+    every.append(f"--train.recompute={recompute}")
+    launch(tiny(corpus, tmp_path / "plain", *every))
+    launch(tiny(corpus, tmp_path / "chunked", *every, *CHUNKED))
+    assert _rel(losses(tmp_path / "chunked"), losses(tmp_path / "plain")) <= 1e-5
