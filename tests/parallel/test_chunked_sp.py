@@ -190,6 +190,7 @@ def test_trainer_chunked_with_pp_ddp_and_fsdp2_equals_plain_sp(corpus, tmp_path,
     assert _rel(losses(tmp_path / "chunked"), losses(tmp_path / "plain")) <= 1e-5
 
 
+@pytest.mark.slow  # two trainer runs each
 @pytest.mark.parametrize("mp", ["master", "autocast"])
 def test_trainer_chunked_in_bf16_stays_on_the_plain_curve(corpus, tmp_path, mp):
     args = ["--compression.tp_codec=none", "--train.log_interval=1", "--train.dtype=bf16"]
@@ -199,6 +200,7 @@ def test_trainer_chunked_in_bf16_stays_on_the_plain_curve(corpus, tmp_path, mp):
     assert _rel(losses(tmp_path / "chunked"), losses(tmp_path / "plain")) <= 1e-2  # bf16 rounding only
 
 
+@pytest.mark.slow
 def test_trainer_chunked_with_the_adaptive_wing_trains(corpus, tmp_path):
     wing = ["--compression.calibrate=true", "--compression.calibrate_steps=2"]
     wing += ["--compression.telemetry_every=2", "--compression.when=auto"]
@@ -208,6 +210,7 @@ def test_trainer_chunked_with_the_adaptive_wing_trains(corpus, tmp_path):
     assert (tmp_path / "wing" / "calibration.json").is_file()
 
 
+@pytest.mark.slow  # two trainer runs each
 @pytest.mark.parametrize("recompute", ["full", "selective"])
 def test_trainer_chunked_with_recompute_equals_plain_sp(corpus, tmp_path, recompute):
     every = ["--compression.tp_codec=none", "--train.log_interval=1", "--parallel.sp=true"]
