@@ -113,12 +113,17 @@ def ring_gather(
 
 
 def ring_reduce_scatter(
-    partial: Callable[[int], torch.Tensor], ctx: TPContext, site: str, full_numel: int
+    partial: Callable[[int], torch.Tensor],
+    ctx: TPContext,
+    site: str,
+    full_numel: int,
+    under_last: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Reduce-scatter along the sequence dim, ring-style: `partial(j)` is this rank's addend for
     chunk j ([b, s/N, ...]), computed while the previous hop travels; returns the sum of chunk r.
     With a codec the partial sums travel encoded and are summed in fp32 (`full_numel`: the elements
-    of the plain reduce-scatter's input, for the policy's size threshold)."""
+    of the plain reduce-scatter's input, for the policy's size threshold). `under_last` runs while
+    the last hop travels (the weight gradients, in backward)."""
     n, r = ctx.size, ctx.rank
     ring: _Ring | None = None
     got = acc = None
@@ -129,6 +134,8 @@ def ring_reduce_scatter(
             ring = _Ring(ctx, site, "reduce_scatter", p, full_numel)
             if ctx.capture is not None:
                 ctx.capture(site, p)
+        if t == n - 1 and under_last is not None:
+            under_last()
         if got is None:
             acc = p
         else:
@@ -219,17 +226,23 @@ class _ChunkedColumn(torch.autograd.Function):
                 acc = full.new_zeros((*full.shape[:SEQ_DIM], m, *full.shape[SEQ_DIM + 1 :]))
             return acc.to(cdt)
 
-        dx = None
-        if fctx.needs_input_grad[0]:
-            dx = ring_reduce_scatter(partial, ctx, fctx.site + ".bwd", full.numel()).to(fctx.x_dtype)
-        x2 = full.reshape(-1, full.shape[-1])  # [b*s, in]
         grads: list[torch.Tensor | None] = []
-        for g, has_bias in zip(gys, fctx.biases):
-            g2 = None if g is None else g.reshape(-1, g.shape[-1])  # [b*s, out_i/N]
-            j = len(grads)
-            grads.append(None if g2 is None else g2.t().mm(x2.to(g2.dtype)).to(fctx.dtypes[j]))
-            if has_bias:
-                grads.append(None if g2 is None else g2.sum(0).to(fctx.dtypes[j + 1]))
+
+        def weight_grads() -> None:  # dW_i = g_i^T x, db_i = sum g_i (the plain path's GEMMs)
+            x2 = full.reshape(-1, full.shape[-1])  # [b*s, in]
+            for g, has_bias in zip(gys, fctx.biases):
+                g2 = None if g is None else g.reshape(-1, g.shape[-1])  # [b*s, out_i/N]
+                j = len(grads)
+                grads.append(None if g2 is None else g2.t().mm(x2.to(g2.dtype)).to(fctx.dtypes[j]))
+                if has_bias:
+                    grads.append(None if g2 is None else g2.sum(0).to(fctx.dtypes[j + 1]))
+
+        dx = None
+        if fctx.needs_input_grad[0]:  # the weight gradients run under the ring's last hop
+            dx = ring_reduce_scatter(partial, ctx, fctx.site + ".bwd", full.numel(), weight_grads)
+            dx = dx.to(fctx.x_dtype)
+        if not grads:
+            weight_grads()
         return (dx, None, None, None, *grads)
 
 

@@ -122,7 +122,10 @@ def _order(rank: int, world: int) -> list[list[str]]:
         x = torch.randn(2, 4, 128)
         ring_gather(x, ctx, "t.ag", lambda j, xj: log.append(f"gemm {j}"))
         ag, log[:] = list(log), []
-        ring_reduce_scatter(lambda j: (log.append(f"gemm {j}"), x.clone())[1], ctx, "t.rs", x.numel() * world)
+        ring_reduce_scatter(
+            lambda j: (log.append(f"gemm {j}"), x.clone())[1], ctx, "t.rs", x.numel() * world,
+            under_last=lambda: log.append("wgrad"),
+        )  # fmt: skip
         return [ag, list(log)]
     finally:
         chunked.post = real
@@ -136,10 +139,12 @@ def test_each_hop_is_in_flight_while_a_shard_computes():
         for t in range(4):
             want += (["post"] if t < 3 else []) + [f"gemm {(rank - t) % 4}"] + (["wait"] if t < 3 else [])
         assert ag == want, ag
-        # matmul+reduce-scatter: chunk r - 1 - t's partial is computed while hop t - 1 travels
+        # matmul+reduce-scatter: chunk r - 1 - t's partial is computed while hop t - 1 travels, the
+        # weight gradients while the last hop does
         want = [f"gemm {(rank - 1) % 4}", "post"]
         for t in range(1, 4):
-            want += [f"gemm {(rank - 1 - t) % 4}", "wait"] + (["post"] if t < 3 else [])
+            last = ["wgrad"] if t == 3 else []
+            want += [f"gemm {(rank - 1 - t) % 4}", *last, "wait"] + (["post"] if t < 3 else [])
         assert rs == want, rs
 
 
