@@ -77,6 +77,12 @@ class _Ring:
                 w.wait()
         self.works = []
 
+    def done(self, out: torch.Tensor) -> torch.Tensor:
+        """The result; counted by the site's sampled non-finite check when it is due (telemetry)."""
+        if self.call.check:
+            self.call.site.note_result(out)
+        return out
+
     def account(self, raw: int, wire: int) -> None:
         self.call.account(raw * (self.n - 1), wire * (self.n - 1) if self.codec is not None else None)
 
@@ -109,7 +115,7 @@ def ring_gather(
         if nxt is not None:
             ring.finish()
             buf = nxt
-    return out
+    return ring.done(out)
 
 
 def ring_reduce_scatter(
@@ -149,7 +155,7 @@ def ring_reduce_scatter(
             if t == 0:
                 ring.account(tensor_bytes(p), buf.numel() * buf.element_size())
             got = ring.hop(buf)
-    return acc
+    return ring.done(acc)
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -80,6 +80,9 @@ def _rings(rank: int, world: int) -> dict:
         rs = ring_reduce_scatter(lambda j: full[:, j * m : (j + 1) * m].clone(), ctx, "t.rs", full.numel())
         plain = comm.reduce_scatter(full, codec=codec, dim=1)
         exact = comm.reduce_scatter(full.double(), codec=None, dim=1).float()
+        sites = ctx.policy.stats.sites  # the first call of a site is checked for NaN/Inf (telemetry)
+        assert sites["t.ag"].calls == sites["t.rs"].calls == 1
+        assert sites["t.ag"].checked == sites["t.rs"].checked == 1
         if codec == "none":
             assert_close(rs, plain, "ring reduce-scatter vs reduce_scatter", rtol=1e-6, atol=1e-6)
         else:
