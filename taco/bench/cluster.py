@@ -239,7 +239,7 @@ def plan_runs(cfg: Any, args: argparse.Namespace, data_dir: Path) -> list[dict[s
             c.train.dtype = type(c.train.dtype).parse(dtype, "train.dtype")
             choice = type(c.parallel.tp_comm_dtype)
             c.parallel.tp_comm_dtype = choice.parse(comm_dtype, "parallel.tp_comm_dtype")
-            name = overlap.split_label(codec)[0]  # "CODEC+overlap": CODEC with batch-split overlap
+            name = overlap.split_label(codec)[0]  # "CODEC+overlap" / "+chunked": CODEC, overlapped
             overlap.configure(c, codec)
             base = auto_base(name)  # "auto" / "auto:CODEC": that codec only where it pays
             plain = codec == CONTROL  # the A/A control runs the baseline's config

@@ -222,13 +222,14 @@ def model_step(inp: ModelInputs, rates: dict, codec: str, sweep: Sweep, link: cm
     the sweep has one, else the
     auto run's (its uncapped run may have chosen plain: then they are plain's)."""
     name, ov = overlap.split_label(codec)
-    if ov:  # "CODEC+overlap": CODEC's costs (its own run's where measured), batch-split pieces
+    if ov:  # "CODEC+overlap" / "+chunked": CODEC's costs (its own run's where measured), pieces
         costs = None
         if name != "none":
             costs = _model_codec(inp, rates, codec, sweep.model_codec) or _model_codec(
                 inp, rates, name, sweep.model_codec
             )
-        return inp.predict(link, codec, costs, sweep.slices, sweep.all_reduce, sweep.overlap_pieces)
+        k = overlap.pieces(codec, sweep.overlap_pieces, inp.world)
+        return inp.predict(link, codec, costs, sweep.slices, sweep.all_reduce, k)
     base = auto_base(codec)
     if base is None:
         costs = _model_codec(inp, rates, codec, sweep.model_codec)

@@ -1,5 +1,7 @@
-"""Batch-split overlap rows of `taco bench cluster`: "CODEC+overlap" runs CODEC with
-`parallel.tp_overlap = "batch-split"` (and "none+overlap" is the uncompressed overlap control).
+"""Overlap rows of `taco bench cluster`: "CODEC+overlap" runs CODEC with
+`parallel.tp_overlap = "batch-split"` (and "none+overlap" is the uncompressed overlap control);
+"CODEC+chunked" runs it with `parallel.tp_overlap = "chunked"` (the SP rings; the sweep needs
+`--set parallel.sp=true`, so that every row runs the same sequence-parallel collectives).
 
 Why this file exists: the overlap rows are a label suffix, not a codec, so the bench's planning,
 codec-rate and model steps strip it here and set the parallel option; their ideal is the overlap
@@ -14,20 +16,42 @@ from typing import Any
 from . import cost_model as cm
 
 SUFFIX = "+overlap"
+SUFFIXES = {SUFFIX: "batch-split", "+chunked": "chunked"}
+"""label suffix -> the `parallel.tp_overlap` mode of that row"""
+
+
+def mode(label: str) -> str | None:
+    """The overlap mode a label asks for ("batch-split", "chunked"), or None."""
+    return next((m for suffix, m in SUFFIXES.items() if label.endswith(suffix)), None)
 
 
 def split_label(label: str) -> tuple[str, bool]:
-    """("int6-hadamard", True) for "int6-hadamard+overlap"; (label, False) for any other label."""
-    if label.endswith(SUFFIX):
-        return label[: -len(SUFFIX)] or "none", True
+    """("int6-hadamard", True) for "int6-hadamard+overlap" or "int6-hadamard+chunked"; (label, False)
+    for any other label."""
+    for suffix in SUFFIXES:
+        if label.endswith(suffix):
+            return label[: -len(suffix)] or "none", True
     return label, False
 
 
 def configure(cfg: Any, label: str) -> None:
-    """Set `cfg.parallel.tp_overlap` to batch-split for an overlap row; other rows keep the sweep's
-    config (`--set parallel.tp_overlap=batch-split` overlaps every run)."""
-    if split_label(label)[1]:
-        cfg.parallel.tp_overlap = type(cfg.parallel.tp_overlap).parse("batch-split", "tp_overlap")
+    """Set `cfg.parallel.tp_overlap` for an overlap row; other rows keep the sweep's config
+    (`--set parallel.tp_overlap=batch-split` overlaps every run)."""
+    m = mode(label)
+    if m is None:
+        return
+    if m == "chunked" and not cfg.parallel.sp:
+        raise ValueError(
+            f"{label!r} runs the chunked sequence-parallel rings: sweep with --set parallel.sp=true "
+            "so that every row runs the same sequence-parallel collectives"
+        )
+    cfg.parallel.tp_overlap = type(cfg.parallel.tp_overlap).parse(m, "tp_overlap")
+
+
+def pieces(label: str, batch_pieces: int, world: int) -> int:
+    """How many pieces the cost model overlaps for the row: `parallel.tp_overlap_chunks` for
+    batch-split, the TP size for the chunked rings (a ring of `world` steps), 1 without overlap."""
+    return {"batch-split": batch_pieces, "chunked": world}.get(mode(label) or "", 1)
 
 
 def ideal(label: str, f: float, r: float) -> float:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch_split import yield_turn
+from .chunked import chunked_column
 from .mappings import tp_input
 from .regions import TPContext, start_tp_all_reduce
 
@@ -106,7 +107,9 @@ class ColumnBlock:
     `enter(x)` runs in the parent's forward pre-hook: with gradients on (and TP without SP) it
     applies the entry and remembers its output, so each child's `forward` (`linear`) given that
     very tensor takes the overlapped path. Anything else (no grad, SP, another input) takes the
-    plain path (`tp_input` and `F.linear`), so the result is always correct.
+    plain path (`tp_input` and `F.linear`), so the result is always correct. With SP and
+    `TPContext.chunked`, `enter` runs the all-gather+matmul ring for every child at once
+    (`chunked.py`) and `linear` hands each child its output.
     """
 
     def __init__(self, ctx: TPContext, site: str, children: list[nn.Module]) -> None:
@@ -118,8 +121,15 @@ class ColumnBlock:
     def active(self) -> bool:
         return self.ctx.overlap_wgrad and not self.ctx.sp and self.ctx.size > 1 and torch.is_grad_enabled()
 
+    def chunked(self) -> bool:
+        return self.ctx.chunked and self.ctx.sp and self.ctx.size > 1
+
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         self._local.current = None
+        if self.chunked():  # SP ring: the children's outputs are computed shard by shard here
+            full, ys = chunked_column(x, self.ctx, self.site, self.children)
+            self._local.current = (weakref.ref(full), ys)
+            return full
         if not self.active():
             return tp_input(x, self.ctx, self.site)
         params: list[nn.Parameter] = []
@@ -137,4 +147,6 @@ class ColumnBlock:
         if cur is None or cur[0]() is not x:
             return F.linear(x, child.weight, child.bias)
         index = next(i for i, c in enumerate(self.children) if c is child)
+        if isinstance(cur[1], list):  # chunked: computed by the ring at the block's entry
+            return cur[1][index]
         return _ColumnLinear.apply(x, child.weight, child.bias, cur[1], index)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .chunked import chunked_row
 from .column_block import ColumnBlock
 from .mappings import reduce_from_tensor_parallel_region, tp_output
 from .regions import TPContext
@@ -75,6 +76,7 @@ class RowParallelLinear(nn.Module):
 
     forward: all-reduce (reduce-scatter with SP) at site `{name}.fwd`; the bias is added once,
     after the reduction (with SP its gradient is partial and summed by `sync_tp_partial_grads`).
+    With SP and `TPContext.chunked`, GEMM and reduce-scatter run as one ring (`chunked.py`).
     """
 
     def __init__(self, full: nn.Linear, ctx: TPContext, name: str = "") -> None:
@@ -89,8 +91,10 @@ class RowParallelLinear(nn.Module):
             mark_tp_partial(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the GEMM's output is ours alone: the plain all-reduce sums it in place
-        y = tp_output(F.linear(x, self.weight), self.ctx, self.name, donate=True)  # [b, s(/tp), out]
+        if self.ctx.chunked and self.ctx.sp and self.ctx.size > 1:  # ring matmul+reduce-scatter
+            y = chunked_row(x, self.weight, self.ctx, self.name)  # [b, s/tp, out]
+        else:  # the GEMM's output is ours alone: the plain all-reduce sums it in place
+            y = tp_output(F.linear(x, self.weight), self.ctx, self.name, donate=True)  # [b, s(/tp), out]
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

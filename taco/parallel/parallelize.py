@@ -69,6 +69,8 @@ class ParallelOptions:
     """each micro-batch's forward under bf16 autocast"""
     tp_overlap_chunks: int = 1
     """batch-split TP overlap: pieces per micro-batch (1: off; `batch_split.py`)"""
+    tp_chunked: bool = False
+    """chunked SP overlap: all-gather+matmul and matmul+reduce-scatter as rings (`chunked.py`)"""
 
 
 @dataclass
@@ -144,6 +146,14 @@ def parallelize(
     model = apply_tensor_parallel(  # 1. TP/SP: layers swapped by the model's plan
         model, None, dims, policies.get("tp"), comm_dtype=opts.comm_dtype, overlap_wgrad=opts.overlap_wgrad
     )
+    if opts.tp_chunked:  # chunked SP overlap: the SP collectives become rings
+        if not dims.sp or opts.compile or opts.tp_overlap_chunks > 1:
+            raise ValueError(
+                "chunked TP overlap needs sequence parallelism on, and runs without compile and "
+                "without batch-split"
+            )
+        if (tctx := tp_context(model)) is not None:
+            tctx.chunked = True
     stage = PipelineStage(model, dims.pp_rank, dims.pp)  # 2. PP: keep this stage's layers
     if opts.tp_overlap_chunks > 1:  # batch-split overlap: the same piece count on every TP rank
         if opts.dp_shard or opts.compile:

@@ -42,6 +42,9 @@ class TPContext:
     overlap_wgrad: bool = True
     """Without SP: a column-parallel block's backward starts the all-reduce of its input gradient,
     computes the weight gradients while it is in flight, then waits (`column_block.py`)."""
+    chunked: bool = False
+    """With SP: all-gather+matmul and matmul+reduce-scatter run as rings of the TP size, each hop
+    under a shard's GEMM (`chunked.py`; docs/design.md 1.3 "Chunked sequence-parallel overlap")."""
     key: int = field(default_factory=lambda: next(_KEYS))
     """How a compiled graph names this context (`compiled_ops.py`: ops take ints, not objects)."""
 

@@ -142,6 +142,7 @@ def parallel_options(cfg: Config, device: torch.device | str) -> ParallelOptions
         schedule=p.pp_schedule.value, overlap_p2p=p.overlap_p2p, act_dtype=train_dtype(cfg),
         autocast=bf16 and mp == "autocast",
         tp_overlap_chunks=p.tp_overlap_chunks if p.tp_overlap.value == "batch-split" else 1,
+        tp_chunked=p.tp_overlap.value == "chunked",
     )  # fmt: skip
 
 

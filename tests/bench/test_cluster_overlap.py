@@ -54,3 +54,23 @@ def test_overlap_labels_plan_batch_split_runs_of_their_codec(tmp_path):
     assert {s["config"]["parallel"]["tp_overlap"] for s in specs} == {"batch-split"}
     rates = cluster.codec_rates(["int6-hadamard+overlap", "int6-hadamard"], 4096, 1, "auto")
     assert set(rates) == {"int6-hadamard/bf16", "int6-hadamard/fp32"}
+
+
+def test_chunked_labels_plan_chunked_runs_and_need_sp(tmp_path):
+    args = argparse.Namespace(
+        comm=["bf16"], codecs=["int6-hadamard", "int6-hadamard+chunked"], threads=1, backend="auto",
+        warmup=1, timeout=60,
+    )  # fmt: skip
+    small = ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"]
+    sp = load_config(None, [*small, "--parallel.sp=true"])
+    specs = {s["codec"]: s["config"] for s in cluster.plan_runs(sp, args, tmp_path)}
+    got = {k: (c["compression"]["tp_codec"], c["parallel"]["tp_overlap"]) for k, c in specs.items()}
+    assert got["int6-hadamard+chunked"] == ("int6-hadamard", "chunked")
+    assert got["int6-hadamard"] == ("int6-hadamard", "none")
+    assert overlap.split_label("int6-hadamard+chunked") == ("int6-hadamard", True)
+    assert overlap.ideal("int6-hadamard+chunked", 0.72, 2.56) == cm.ideal_overlap_speedup(0.72, 2.56)
+    assert overlap.pieces("int6-hadamard+chunked", 2, 4) == 4  # a ring of tp steps
+    assert overlap.pieces("int6-hadamard+overlap", 2, 4) == 2 and overlap.pieces("none", 2, 4) == 1
+    plain = load_config(None, small)
+    with pytest.raises(ValueError, match="parallel.sp=true"):
+        cluster.plan_runs(plain, args, tmp_path)

@@ -30,6 +30,7 @@ VOCAB, SEQ = 64, 8
 
 
 def tiny_model(kind: str, n_layer: int = 3) -> nn.Module:
+    """Kinds: "gpt", "qwen" (2 KV heads: tp <= 2) or "qwen-kv4" (4 KV heads: tp up to 4)."""
     if kind == "gpt":  # tied embeddings
         return GPT(GPTConfig(vocab_size=VOCAB, n_layer=n_layer, n_head=4, n_embd=32, block_size=SEQ))
     return Qwen(  # untied lm_head
@@ -39,7 +40,7 @@ def tiny_model(kind: str, n_layer: int = 3) -> nn.Module:
             intermediate_size=48,
             num_hidden_layers=n_layer,
             num_attention_heads=4,
-            num_key_value_heads=2,
+            num_key_value_heads=4 if kind == "qwen-kv4" else 2,
             max_position_embeddings=SEQ,
         )
     )

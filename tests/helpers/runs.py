@@ -70,10 +70,11 @@ def parallel_step(
     overlap_wgrad: bool = True,
     check_sizes: bool = False,
     tp_overlap_chunks: int = 1,
+    tp_chunked: bool = False,
 ) -> dict:
     """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set.
     `check_sizes`: the policies' size check (p2p headers) on; `tp_overlap_chunks` > 1: batch-split
-    TP overlap with that many pieces per micro-batch."""
+    TP overlap with that many pieces per micro-batch; `tp_chunked`: the chunked SP rings."""
     torch.manual_seed(0)
     model = tiny_model(kind, n_layer)
     ref = copy.deepcopy(model)
@@ -85,7 +86,7 @@ def parallel_step(
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
     opts = ParallelOptions(
         overlap_wgrad=overlap_wgrad, dp_codec=codecs.get("dp"), schedule=schedule, overlap_p2p=overlap_p2p,
-        tp_overlap_chunks=tp_overlap_chunks,
+        tp_overlap_chunks=tp_overlap_chunks, tp_chunked=tp_chunked,
     )
     par = parallelize(model, dims, pol, opts)  # the trainer's build step (taco.train.build.build_run)
     stage, module, engine = par.stage, par.module, par.engine

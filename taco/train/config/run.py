@@ -79,6 +79,12 @@ class Config:
                     "gathers each block's weights once per forward, not once per piece) or "
                     'train.compile yet: set parallel.tp_overlap = "none" for those'
                 )
+        if p.tp_overlap.value == "chunked" and (not p.sp or p.tp < 2 or t.compile):
+            raise ValueError(
+                'parallel.tp_overlap = "chunked" splits the sequence-parallel all-gather and '
+                "reduce-scatter into rings: it needs parallel.sp = true and parallel.tp >= 2, and does "
+                'not run with train.compile; set parallel.tp_overlap = "none" (or "batch-split")'
+            )
         from taco.models.plans import check_tp_divisible
 
         split = {"model.n_head": m.n_head, "model.n_kv_head": m.kv_heads, "model.intermediate": m.ffn_size}
