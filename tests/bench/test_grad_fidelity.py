@@ -5,7 +5,7 @@ import json
 import pytest
 
 from taco.train.adaptive.grad_fidelity import fidelity_steps, grad_fidelity
-from tests.helpers.runs import tiny
+from tests.helpers.runs import cli_error, tiny
 
 
 def test_fidelity_steps_are_evenly_spaced_and_end_at_the_last_step():
@@ -116,3 +116,11 @@ def test_seeds_are_totalled_as_steps_where_a_row_is_at_least_taco(tmp_path):
     write_seeds(tmp_path, {"steps": [5, 10], "seeds": per, "totals": totals(per)})
     md = (tmp_path / "grad_fidelity.md").read_text()
     assert "| x | 3 of 4 | 0.980000 |" in md and "| x | 2 | 0.990000 / 0.2000 |" in md
+
+
+def test_the_command_line_checks_ladder_runs_and_pairs_before_any_run(capsys, tmp_path):
+    base = ["compare", "--config", "configs/cluster.toml", "--out", str(tmp_path)]
+    assert "--grad-fidelity" in cli_error(capsys, [*base, "--ladder-run", str(tmp_path)])
+    err = cli_error(capsys, [*base, "--grad-fidelity", "--codecs", "int5-hadamard/int4-hadamrd"])
+    assert "int4-hadamrd" in err
+    assert not any(tmp_path.iterdir())
