@@ -139,10 +139,18 @@ def add_compare_subparser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--grad-fidelity",
         action="store_true",
-        help="instead: train the baseline once and, at --grad-points evenly spaced steps, compare each "
-        "codec's full-model gradient with the uncompressed one on the same batch (cosine, relative error)",
+        help="instead: train the baseline once (per seed) and, at --grad-points evenly spaced steps, compare "
+        "each codec's full-model gradient with the uncompressed one on the same batch (cosine, relative "
+        "error); a codec 'FWD/BWD' puts FWD on the forward sites and BWD on the backward ones",
     )
     p.add_argument("--grad-points", type=int, default=5, help="steps measured by --grad-fidelity")
+    p.add_argument(
+        "--ladder-run",
+        default="",
+        metavar="DIR",
+        help="with --grad-fidelity: also measure a ladder run of the same config (its folder; '{seed}' in "
+        "it: each seed's), each site on the codec that run had at the measured step (row 'ladder-run')",
+    )
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -153,17 +161,21 @@ def run_compare(args: argparse.Namespace) -> int:
     cfg = _load(args)
     codecs = split_specs(args.codecs)
     for c in codecs:
-        build_codec(c)  # unknown names fail here, before any run
+        for half in c.split("/") if args.grad_fidelity else [c]:  # FWD/BWD pairs: --grad-fidelity
+            build_codec(half)  # unknown names fail here, before any run
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or None
     if args.grad_points < 1:
         raise UsageError(f"--grad-points must be >= 1 (got {args.grad_points})")
+    if args.ladder_run and not args.grad_fidelity:
+        raise UsageError("--ladder-run is measured by --grad-fidelity; add it")
     out = Path(args.out)
     if args.grad_fidelity:
         from taco.train.adaptive.grad_fidelity import grad_fidelity
 
-        grad_fidelity(cfg, codecs, out, args.grad_points)
+        grad_fidelity(cfg, codecs, out, args.grad_points, seeds, args.ladder_run or None)
+        runs = out / ("seed{S}/grad-fidelity" if seeds and len(seeds) > 1 else "grad-fidelity")
         print(f"[taco compare] wrote {out}/: grad_fidelity.md (the table), grad_fidelity.json, and the "
-              f"baseline run {out / 'grad-fidelity'}", flush=True)  # fmt: skip
+              f"baseline run {runs}", flush=True)  # fmt: skip
         return 0
     compare(cfg, codecs, out, seeds=seeds)
     print(

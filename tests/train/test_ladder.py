@@ -125,6 +125,23 @@ def test_state_is_saved_and_a_resumed_run_reinstalls_it(tmp_path):
     assert "c.fwd" in again.format_table() and again.summary()["sites"]["a.fwd"]["moves"] == 1
 
 
+def test_a_runs_codecs_at_a_step_are_read_back_from_its_ladder_json(tmp_path):
+    ctl, tel, policy = _controller(tmp_path)
+    for step in (10, 20, 30):
+        _step(ctl, tel, policy, step, {"a.fwd": 32.0, "b.bwd": 40.0, "c.fwd": 23.0 if step == 10 else 27.0})
+    doc = json.loads((tmp_path / LADDER_FILE).read_text())
+    moved = [(d["step"], d["site"], d["to"]) for d in doc["decisions"]]
+    assert [m[:2] for m in moved] == [(10, "c.fwd"), (20, "a.fwd"), (20, "b.bwd")]
+    at = {k: LadderController.codecs_at(doc, k) for k in (1, 9, 10, 19, 20, 300)}
+    start = RUNGS.rungs[RUNGS.start]
+    assert at[1] == at[9] == {"a.fwd": start, "b.bwd": start, "c.fwd": start}  # the start rung from step 1
+    assert at[10] == at[19] == {**at[1], "c.fwd": moved[0][2]}  # a move of step k: the codecs from step k + 1
+    assert at[20] == at[300] == {**at[10], "a.fwd": moved[1][2], "b.bwd": moved[2][2]}
+    assert at[300] == {s: ctl.ladder.rungs[st.rung] for s, st in ctl.sites.items()}  # the run's end state
+    with pytest.raises(ValueError, match="not a ladder.json"):
+        LadderController.codecs_at({"sites": {}}, 1)
+
+
 def test_a_calibrated_codec_is_the_start_rung(tmp_path):
     ctl, tel, policy = _controller(tmp_path)
     policy.set_site_codec("a.fwd", "int4-hadamard")  # as calibration installs its choice

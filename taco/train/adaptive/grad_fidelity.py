@@ -23,20 +23,26 @@ folder `{out}/grad-fidelity/` (its `metrics.jsonl` holds the measures at the mea
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import tomllib
 import torch
 
+from taco.comm import CommStats
 from taco.parallel import fully_sharded
 from taco.train.build import build_policy
 from taco.train.config import Config
 
+from .ladder import LADDER_FILE, LadderController
 from .observers import Gradients, StepEnd
 
 REFERENCE = "none"
+LADDER_ROW = "ladder-run"
+"""the row of a ladder run's per-step site codecs"""
 
 
 def fidelity_steps(steps: int, points: int) -> list[int]:
@@ -47,10 +53,33 @@ def fidelity_steps(steps: int, points: int) -> list[int]:
 
 
 def _tp_policy(cfg: Config, codec: str):
-    """The TP policy of `cfg` with `codec` at its sites (options it accepts kept from the config)."""
+    """The TP policy of `cfg` with `codec` at its sites (options it accepts kept from the config).
+    A pair "FWD/BWD" puts codec FWD on the forward sites (`*.fwd`, activations) and BWD on the
+    backward ones (`*.bwd`, activation gradients)."""
+    fwd, pair, bwd = codec.partition("/")
     c = copy.deepcopy(cfg)
-    c.compression.set_tp_codec(codec)
-    return build_policy(c)
+    c.compression.set_tp_codec(fwd)
+    policy = build_policy(c)
+    if not pair:
+        return policy
+    if policy.overrides:
+        raise ValueError(f"{codec!r}: a FWD/BWD pair needs compression.tp_sites = ['*']")
+    back = _tp_policy(cfg, bwd).default_codec
+    fresh = {"stats": CommStats(), "recompute_stats": CommStats()}
+    return dataclasses.replace(policy, overrides={"*.bwd": back}, **fresh)
+
+
+def ladder_run(path: Path, seed: int, steps: int) -> dict[str, Any]:
+    """The ladder.json of the ladder run in folder `path`, checked against the measured run: the
+    same `train.seed` and at least `steps` steps (from its config.toml)."""
+    doc = json.loads((path / LADDER_FILE).read_text())
+    conf = path / "config.toml"
+    if conf.exists():
+        train = tomllib.loads(conf.read_text()).get("train", {})
+        if train.get("seed", seed) != seed or train.get("steps", steps) < steps:
+            got = f"seed {train.get('seed')} and {train.get('steps')} steps"
+            raise ValueError(f"{path}: a ladder run of {got}; measuring seed {seed} over {steps} steps")
+    return doc
 
 
 class GradFidelity:
@@ -58,11 +87,13 @@ class GradFidelity:
     the plain one, through the run's `Gradients` view.
 
     Adds `grad_cos/{codec}`, `grad_rel_err/{codec}` and `grad_loss/{codec}` (the compressed forward's
-    loss) to the step's record. Collective: every rank of the mesh runs it. Picklable until first
-    called (the policies are built on the rank)."""
+    loss) to the step's record. With `ladder` (a ladder run's ladder.json), a row `LADDER_ROW` too:
+    every site on the codec that run had at the same step (`LadderController.codecs_at`), the
+    same weights and batch as the other rows. Collective: every rank of the mesh runs it.
+    Picklable until first called (the policies are built on the rank)."""
 
-    def __init__(self, cfg: Config, codecs: list[str], steps: list[int]) -> None:
-        self.cfg, self.codecs, self.steps = cfg, list(codecs), set(steps)
+    def __init__(self, cfg: Config, codecs: list[str], steps: list[int], ladder: dict | None = None) -> None:
+        self.cfg, self.codecs, self.steps, self.ladder = cfg, list(codecs), set(steps), ladder
         self.policies: dict[str, Any] | None = None
         self.reference: Any = None
 
@@ -73,6 +104,11 @@ class GradFidelity:
         if self.policies is None:
             self.reference = _tp_policy(self.cfg, REFERENCE)
             self.policies = {c: _tp_policy(self.cfg, c) for c in self.codecs}
+            if self.ladder is not None:
+                self.policies[LADDER_ROW] = _tp_policy(self.cfg, self.ladder["ladder"])
+        if self.ladder is not None:
+            for site, spec in LadderController.codecs_at(self.ladder, end.step).items():
+                self.policies[LADDER_ROW].set_site_codec(site, spec)
         end.record.update(measure(end.grads, self.reference, self.policies))
 
 
@@ -103,12 +139,34 @@ def measure(run: Gradients, reference: Any, policies: dict[str, Any]) -> dict[st
     return out
 
 
-def grad_fidelity(cfg: Config, codecs: list[str], out: Path, points: int = 5) -> dict[str, Any]:
+def grad_fidelity(
+    cfg: Config, codecs: list[str], out: Path, points: int = 5, seeds: list[int] | None = None,
+    ladder_runs: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Train `cfg` uncompressed (TP codec none) in `{out}/grad-fidelity`, measuring each codec's
-    gradient at `points` evenly spaced steps; writes and returns the table (see the module doc)."""
+    gradient at `points` evenly spaced steps; writes and returns the table (see the module doc).
+
+    `seeds`: one such run per seed in `{out}/seed{S}` (its own table), and `{out}/grad_fidelity.md`
+    the rows of every seed with the count of steps where each row's cosine is >= taco's.
+    `ladder_runs`: the folder of a ladder run of the same config ("{seed}" in it: the seed's),
+    measured as the row `ladder-run` with that run's site codecs at each step."""
+    if seeds is not None and len(seeds) > 1:
+        per = []
+        for seed in seeds:
+            c = copy.deepcopy(cfg)
+            c.train.seed = seed
+            res = grad_fidelity(c, codecs, out / f"seed{seed}", points, None, ladder_runs)
+            per.append({"seed": seed, **res})
+        result = {"steps": per[0]["steps"], "seeds": per, "totals": totals(per)}
+        write_seeds(out, result)
+        return result
     from taco.train.launch import launch
 
     steps = fidelity_steps(cfg.train.steps, points)
+    ladder = None
+    if ladder_runs:
+        folder = Path(ladder_runs.replace("{seed}", str(cfg.train.seed)))
+        ladder = ladder_run(folder, cfg.train.seed, cfg.train.steps)
     c = copy.deepcopy(cfg)
     c.compression.tp_codec = REFERENCE
     c.compression.tp_codec_options = {}
@@ -117,10 +175,11 @@ def grad_fidelity(cfg: Config, codecs: list[str], out: Path, points: int = 5) ->
     c.train.resume = False
     c.train.overwrite = True
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[taco compare] === grad fidelity at steps {steps}: {', '.join(codecs)} ===", flush=True)
-    summary = launch(c, observers=[GradFidelity(cfg, codecs, steps)])
+    rows = [*codecs, *([LADDER_ROW] if ladder is not None else [])]
+    print(f"[taco compare] === grad fidelity at steps {steps}: {', '.join(rows)} ===", flush=True)
+    summary = launch(c, observers=[GradFidelity(cfg, codecs, steps, ladder)])
     recs = [json.loads(x) for x in (out / "grad-fidelity" / "metrics.jsonl").read_text().splitlines() if x]
-    result = table(recs, codecs, steps)
+    result = table(recs, rows, steps)
     result["final_val_loss"] = summary["final_val_loss"]
     write(out, result)
     return result
@@ -128,7 +187,8 @@ def grad_fidelity(cfg: Config, codecs: list[str], out: Path, points: int = 5) ->
 
 def table(recs: list[dict[str, Any]], codecs: list[str], steps: list[int]) -> dict[str, Any]:
     """Per codec: cos and rel_err at each measured step, their worst values and, against `taco`
-    when measured, whether the codec's cosine is >= taco's at every step."""
+    when measured, at how many steps the codec's cosine is >= taco's (`n_ge_taco`) and whether
+    at every one (`cos_ge_taco`)."""
     by_step = {r["step"]: r for r in recs if r["step"] in steps}
     rows = []
     for name in codecs:
@@ -137,19 +197,52 @@ def table(recs: list[dict[str, Any]], codecs: list[str], steps: list[int]) -> di
         rows.append({"codec": name, "cos": cos, "rel_err": rel, "min_cos": min(cos), "max_rel_err": max(rel)})
     ref = next((r for r in rows if r["codec"] == "taco"), None)
     for r in rows:
-        r["cos_ge_taco"] = None if ref is None else all(a >= b for a, b in zip(r["cos"], ref["cos"]))
+        ge = None if ref is None else sum(a >= b for a, b in zip(r["cos"], ref["cos"]))
+        r["n_ge_taco"], r["cos_ge_taco"] = ge, None if ge is None else ge == len(steps)
     return {"steps": steps, "rows": rows}
+
+
+def totals(per: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per row over the seeds: the steps where its cosine is >= taco's, of all measured steps."""
+    names = [r["codec"] for r in per[0]["rows"]]
+    out = []
+    for name in names:
+        rows = [next(r for r in p["rows"] if r["codec"] == name) for p in per]
+        ge = None if rows[0]["n_ge_taco"] is None else sum(r["n_ge_taco"] for r in rows)
+        out.append({"codec": name, "n_ge_taco": ge, "n": sum(len(r["cos"]) for r in rows),
+                    "min_cos": min(r["min_cos"] for r in rows)})  # fmt: skip
+    return out
+
+
+def _lines(result: dict[str, Any], seed: str = "") -> list[str]:
+    steps = result["steps"]
+    head = f"| codec {'| seed ' if seed else ''}| " + " | ".join(f"step {s}: cos / rel err" for s in steps)
+    lines = [head + " | min cos | max rel err | cos >= taco |", "|---" * (len(steps) + 4 + bool(seed)) + "|"]
+    for r in result["rows"]:
+        cells = " | ".join(f"{c:.6f} / {e:.4f}" for c, e in zip(r["cos"], r["rel_err"]))
+        ge = "-" if r["n_ge_taco"] is None else f"{r['n_ge_taco']} of {len(steps)}"
+        lines.append(f"| {r['codec']} {seed}| {cells} | {r['min_cos']:.6f} | {r['max_rel_err']:.4f} | {ge} |")
+    return lines
 
 
 def write(out: Path, result: dict[str, Any]) -> None:
     """`grad_fidelity.md` (printed too) and `grad_fidelity.json`."""
-    steps = result["steps"]
-    head = "| codec | " + " | ".join(f"step {s}: cos / rel err" for s in steps)
-    lines = [head + " | min cos | max rel err | cos >= taco at every step |", "|---" * (len(steps) + 4) + "|"]
-    for r in result["rows"]:
-        cells = " | ".join(f"{c:.6f} / {e:.4f}" for c, e in zip(r["cos"], r["rel_err"]))
-        ge = "-" if r["cos_ge_taco"] is None else ("yes" if r["cos_ge_taco"] else "no")
-        lines.append(f"| {r['codec']} | {cells} | {r['min_cos']:.6f} | {r['max_rel_err']:.4f} | {ge} |")
+    text = "\n".join(_lines(result))
+    (out / "grad_fidelity.md").write_text(text + "\n")
+    (out / "grad_fidelity.json").write_text(json.dumps(result, indent=2))
+    print(text, flush=True)
+
+
+def write_seeds(out: Path, result: dict[str, Any]) -> None:
+    """The rows of every seed and the totals, in `{out}/grad_fidelity.md` and `.json`."""
+    lines = []
+    for p in result["seeds"]:
+        skip = 2 if lines else 0  # one header
+        lines += _lines(p, f"| {p['seed']} ")[skip:]
+    lines += ["", "| codec | cos >= taco (steps, all seeds) | min cos |", "|---|---|---|"]
+    for t in result["totals"]:
+        ge = "-" if t["n_ge_taco"] is None else f"{t['n_ge_taco']} of {t['n']}"
+        lines.append(f"| {t['codec']} | {ge} | {t['min_cos']:.6f} |")
     text = "\n".join(lines)
     (out / "grad_fidelity.md").write_text(text + "\n")
     (out / "grad_fidelity.json").write_text(json.dumps(result, indent=2))

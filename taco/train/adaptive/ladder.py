@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taco.codec import Ladder, build_codec
+from taco.codec import Ladder, build_codec, parse_ladder
 from taco.comm import CommPolicy
 
 from .fidelity import FidelityTelemetry
@@ -205,6 +205,25 @@ class LadderController:
             self.sites[site] = st
             self.policy.set_site_codec(site, self.ladder.rungs[st.rung])
         self.decisions = list(doc.get("decisions", []))
+
+    # -- reading a run back -----------------------------------------------------------------------
+    @staticmethod
+    def codecs_at(doc: dict[str, Any], step: int) -> dict[str, str]:
+        """Each site's codec (full spec) in the run whose ladder.json is `doc` as it stood at the end
+        of `step`: the moves of steps <= `step` applied, so the codecs of step `step + 1`'s
+        collectives. A site's first entry is its start rung, which it had from step 1 on."""
+        ladder = parse_ladder(doc.get("ladder"))
+        if doc.get("version") != VERSION or ladder is None:
+            raise ValueError("not a ladder.json (no version/ladder fields of this taco)")
+        out = {}
+        for site, d in doc["sites"].items():
+            rungs = [tuple(r) for r in d["rungs"]]
+            rung = rungs[0][1] if rungs else ladder.start
+            for s, r in rungs:
+                if s <= step:
+                    rung = r
+            out[site] = ladder.rungs[rung]
+        return out
 
     # -- reporting --------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
