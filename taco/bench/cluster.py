@@ -82,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="first steps left out of the timing (3)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--backend", choices=("auto", "eager"), default="auto", help="auto: import taco.kernels")
-    p.add_argument("--pin-cores", action="store_true",
-                   help="bind each rank to its own share of the cores (no migrations; docs/cluster.md)")
+    p.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
+                   help="bind each rank to its own share of the cores: no migrations, less step noise")
     p.add_argument("--burst", default="32kb", help="tc tbf burst")
     p.add_argument("--latency", default="400ms", help="tc tbf latency (queue bound, not a delay)")
     p.add_argument("--delay", type=float, default=0.0, help="netem one-way delay in ms (needs sch_netem)")
@@ -95,7 +95,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs of each (mode, codec) per link, in alternating order (A B B A ..), pooled: "
                         "drift between runs cancels in the ratios; from 2 on the baseline also runs as "
                         "an A/A control and each speedup gets a 95%% interval (the noise floor)")  # fmt: skip
-    p.add_argument("--block-steps", type=int, default=10,
+    p.add_argument("--uncapped-steps", type=int, default=200,
+                   help="uncapped runs train at least this many steps (0: train.steps): their step "
+                        "times scatter the most, and they are the cheapest to lengthen")  # fmt: skip
+    p.add_argument("--block-steps", type=int, default=1,
                    help="the runs of a round share one set of rank processes and take turns of "
                         "this many steps (A B C, C B A ..): drift cancels in the ratios")  # fmt: skip
     p.add_argument("--model-codec", choices=("inplace", "microbench"), default="inplace",
@@ -266,6 +269,17 @@ def interleave(specs: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]
     return [s for i in range(repeats) for s in (specs if i % 2 == 0 else specs[::-1])]
 
 
+def with_min_steps(rounds: list[list[dict[str, Any]]], steps: int) -> list[list[dict[str, Any]]]:
+    """The rounds with every run training at least `steps` steps (`--uncapped-steps`): an uncapped
+    step is cheap and compute-bound, and its time scatters the most from step to step (about 10% on
+    a 2-core box), so the uncapped runs average more steps (docs/cluster.md, "Repeats")."""
+    out = copy.deepcopy(rounds)
+    for spec in (s for r in out for s in r):
+        train = spec["config"]["train"]
+        train["steps"] = max(train["steps"], steps)
+    return out
+
+
 def _run_worker(argv: list[str], timeout: float) -> int:
     """Run the worker in its own process group; kill that group if anything goes wrong."""
     proc = subprocess.Popen(argv, env=child_env(), start_new_session=True)
@@ -351,10 +365,11 @@ def _measure(args: argparse.Namespace) -> tuple[Any, list[LinkResult], dict[str,
     rounds = [flat[i : i + len(specs)] for i in range(0, len(flat), len(specs))]
     numel = cfg.train.batch_size * cfg.model.seq_len * cfg.model.hidden
     rates = codec_rates(args.codecs, numel, args.threads, args.backend)
-    results = [] if args.uncapped == "none" else [execute(None, rounds, args)]
+    longer = with_min_steps(rounds, getattr(args, "uncapped_steps", 0))
+    results = [] if args.uncapped == "none" else [execute(None, longer, args)]
     results += [execute(rate, rounds, args) for rate in args.rates]
     if args.uncapped == "both":  # brackets the capped runs: drift or a busy box shows as a difference
-        results.append(execute(None, rounds, args))
+        results.append(execute(None, longer, args))
     return cfg, results, rates
 
 
@@ -401,6 +416,8 @@ def run_cluster(args: argparse.Namespace) -> int:
                     threads=args.threads, backend=args.backend, burst=args.burst, mtu=args.mtu,
                     delay_ms=args.delay, warmup=args.warmup, fused_reduce=sweep.fused_reduce,
                     repeats=args.repeats, block_steps=getattr(args, "block_steps", None),
+                    uncapped_steps=getattr(args, "uncapped_steps", None),
+                    pin_cores=getattr(args, "pin_cores", None),
                     modes={m: MODES[m] for m in args.comm}, peers=args.peers,
                     peer_skips=getattr(args, "peer_skips", []))  # fmt: skip
         write_json(args.json, meta, results, curves, report)

@@ -236,7 +236,7 @@ def _can_netns() -> bool:
 @pytest.mark.skipif(not _can_netns(), reason="needs root, ip and tc")
 def test_tiny_real_run_in_a_capped_namespace(tmp_path):
     out = tmp_path / "c.json"
-    argv = ["--rates", "400", "--comm", "bf16", "--warmup", "1", "--json", str(out),
+    argv = ["--rates", "400", "--comm", "bf16", "--warmup", "1", "--json", str(out), "--uncapped-steps", "0",
             "--set", "train.steps=3", "--set", "model.n_layer=1", "--set", "model.hidden=64",
             "--set", "train.batch_size=2", "--set", "train.eval_steps=1"]  # fmt: skip
     assert run_bench("cluster", argv) == 0

@@ -99,3 +99,14 @@ def test_pinned_ranks_get_disjoint_shares_of_the_cores():
     assert all(share == now for share, now in got[:n])  # the process runs where pin_cores says
     assert shares == [[c] for c in cores]  # one core each, in rank order: disjoint, covering
     assert got[n] == (cores, cores)  # more ranks than cores: unchanged
+
+
+def test_uncapped_rounds_train_at_least_uncapped_steps():
+    """--uncapped-steps lengthens every run of the uncapped rounds to at least N steps (never
+    shortens one), on a copy: the capped rounds keep the config's steps."""
+    rounds = [[dict(codec="none", config=dict(train=dict(steps=40))),
+               dict(codec="taco", config=dict(train=dict(steps=400)))]]  # fmt: skip
+    longer = cluster.with_min_steps(rounds, 160)
+    assert [s["config"]["train"]["steps"] for s in longer[0]] == [160, 400]
+    assert [s["config"]["train"]["steps"] for s in rounds[0]] == [40, 400]
+    assert cluster.with_min_steps(rounds, 0) == rounds
