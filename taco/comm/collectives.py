@@ -114,8 +114,9 @@ def all_reduce(
     n = call.world
     call.account(2 * (n - 1) * tensor_bytes(x) // n)
     if call.codec is None:  # x's own memory layout: the backend reduces in memory order, so a
-        out = x if donate and x.is_contiguous() else _copy_as(x)  # transposed view copied contiguous
-        # would be summed in another order
+        # transposed view copied contiguous would be summed in another order; a donated x is summed
+        # in place
+        out = x if donate and x.is_contiguous() else _copy_as(x)
         return call.run(call.issue(lambda: dist.all_reduce(out, group=group, async_op=True), out), async_op)
     if x.numel() == 0:
         return call.run(_copy(x), async_op)

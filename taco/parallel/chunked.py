@@ -32,7 +32,7 @@ import torch.distributed as dist
 from taco.comm.call import Call, tensor_bytes
 from taco.comm.p2p import post
 
-from .regions import SEQ_DIM, TPContext
+from .regions import SEQ_DIM, TPContext, comm_dtype_of
 
 
 class _Ring:
@@ -166,11 +166,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None)
     return y.view(*x.shape[:-1], w.shape[0])
 
 
-def _comm_dtype(x: torch.Tensor, ctx: TPContext) -> torch.dtype:
-    dt = ctx.comm_dtype
-    return dt if dt is not None and x.is_floating_point() else x.dtype
-
-
 def _gemm_dtype(x: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast's F.linear would compute in (None: autocast off)."""
     dev = x.device.type
@@ -207,7 +202,7 @@ class _ChunkedColumn(torch.autograd.Function):
                 ys[i].narrow(SEQ_DIM, j * m, m).copy_(yj)
 
         with torch.autocast(x.device.type, enabled=False):
-            full = ring_gather(x.to(_comm_dtype(x, ctx)), ctx, site + ".fwd", on_shard).to(x.dtype)
+            full = ring_gather(x.to(comm_dtype_of(x, ctx)), ctx, site + ".fwd", on_shard).to(x.dtype)
         fctx.save_for_backward(full, *ws)
         fctx.dtypes = [p.dtype for p in params]
         return (full, *ys)
@@ -218,7 +213,7 @@ class _ChunkedColumn(torch.autograd.Function):
         ctx = fctx.ctx
         n = ctx.size
         m = full.shape[SEQ_DIM] // n
-        cdt = _comm_dtype(full, ctx)
+        cdt = comm_dtype_of(full, ctx)
 
         def partial(j: int) -> torch.Tensor:  # this rank's input-gradient addend for chunk j
             acc = None if gx is None else gx.narrow(SEQ_DIM, j * m, m).float()
@@ -266,7 +261,7 @@ class _ChunkedRow(torch.autograd.Function):
             raise ValueError(f"sequence parallelism needs the sequence length ({s}) divisible by tp ({n})")
         m = s // n
         w = weight.to(gd) if gd else weight
-        cdt = _comm_dtype(x, ctx)
+        cdt = comm_dtype_of(x, ctx)
         out_dtype = gd or x.dtype
 
         def partial(j: int) -> torch.Tensor:
@@ -291,7 +286,7 @@ class _ChunkedRow(torch.autograd.Function):
             dj = gj.reshape(-1, gj.shape[-1]).mm(w)  # [b*s/N, in/N]
             dx.narrow(SEQ_DIM, j * m, m).copy_(dj.view(*gj.shape[:-1], w.shape[1]))
 
-        full = ring_gather(g.to(_comm_dtype(g, ctx)), ctx, fctx.site + ".bwd", on_shard).to(g.dtype)
+        full = ring_gather(g.to(comm_dtype_of(g, ctx)), ctx, fctx.site + ".bwd", on_shard).to(g.dtype)
         g2 = full.reshape(-1, full.shape[-1])  # [b*s, out]
         dw = g2.t().mm(x.reshape(-1, x.shape[-1]).to(g2.dtype)).to(weight.dtype)  # [out, in/N]
         return dx.to(x.dtype), dw, None, None

@@ -121,12 +121,9 @@ class ColumnBlock:
     def active(self) -> bool:
         return self.ctx.overlap_wgrad and not self.ctx.sp and self.ctx.size > 1 and torch.is_grad_enabled()
 
-    def chunked(self) -> bool:
-        return self.ctx.chunked and self.ctx.sp and self.ctx.size > 1
-
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         self._local.current = None
-        if self.chunked():  # SP ring: the children's outputs are computed shard by shard here
+        if self.ctx.rings:  # SP ring: the children's outputs are computed shard by shard here
             full, ys = chunked_column(x, self.ctx, self.site, self.children)
             self._local.current = (weakref.ref(full), ys)
             return full

@@ -91,7 +91,7 @@ class RowParallelLinear(nn.Module):
             mark_tp_partial(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.ctx.chunked and self.ctx.sp and self.ctx.size > 1:  # ring matmul+reduce-scatter
+        if self.ctx.rings:  # ring matmul+reduce-scatter
             y = chunked_row(x, self.weight, self.ctx, self.name)  # [b, s/tp, out]
         else:  # the GEMM's output is ours alone: the plain all-reduce sums it in place
             y = tp_output(F.linear(x, self.weight), self.ctx, self.name, donate=True)  # [b, s(/tp), out]

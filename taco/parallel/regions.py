@@ -59,6 +59,12 @@ class TPContext:
     def rank(self) -> int:
         return 0 if self.group is None else dist.get_rank(self.group)
 
+    @property
+    def rings(self) -> bool:
+        """Whether the SP all-gather+matmul and matmul+reduce-scatter run as rings here (`chunked`
+        on, with SP, on more than one rank)."""
+        return self.chunked and self.sp and self.size > 1
+
 
 def context_of(key: int) -> TPContext:
     """The live `TPContext` whose `key` this is."""
@@ -75,10 +81,16 @@ def _kw(ctx: TPContext, site: str) -> dict:
     return kw
 
 
+def comm_dtype_of(x: torch.Tensor, ctx: TPContext) -> torch.dtype:
+    """The dtype x travels in: the context's `comm_dtype` for floating x, else x's own."""
+    dt = ctx.comm_dtype
+    return dt if dt is not None and x.is_floating_point() else x.dtype
+
+
 def _to_comm(x: torch.Tensor, ctx: TPContext, site: str) -> tuple[torch.Tensor, bool]:
     """x in the context's communication dtype (captured as it travels), and whether it was cast."""
-    dtype = ctx.comm_dtype
-    cast = dtype is not None and x.is_floating_point() and x.dtype != dtype
+    dtype = comm_dtype_of(x, ctx)
+    cast = x.dtype != dtype
     y = x.to(dtype) if cast else x
     if ctx.capture is not None:
         ctx.capture(site, y)

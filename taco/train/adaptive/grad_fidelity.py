@@ -225,9 +225,9 @@ def _lines(result: dict[str, Any], seed: str = "") -> list[str]:
     return lines
 
 
-def write(out: Path, result: dict[str, Any]) -> None:
-    """`grad_fidelity.md` (printed too) and `grad_fidelity.json`."""
-    text = "\n".join(_lines(result))
+def write(out: Path, result: dict[str, Any], lines: list[str] | None = None) -> None:
+    """`grad_fidelity.md` (printed too; `lines`, else the table of `result`) and `grad_fidelity.json`."""
+    text = "\n".join(_lines(result) if lines is None else lines)
     (out / "grad_fidelity.md").write_text(text + "\n")
     (out / "grad_fidelity.json").write_text(json.dumps(result, indent=2))
     print(text, flush=True)
@@ -243,7 +243,4 @@ def write_seeds(out: Path, result: dict[str, Any]) -> None:
     for t in result["totals"]:
         ge = "-" if t["n_ge_taco"] is None else f"{t['n_ge_taco']} of {t['n']}"
         lines.append(f"| {t['codec']} | {ge} | {t['min_cos']:.6f} |")
-    text = "\n".join(lines)
-    (out / "grad_fidelity.md").write_text(text + "\n")
-    (out / "grad_fidelity.json").write_text(json.dumps(result, indent=2))
-    print(text, flush=True)
+    write(out, result, lines)
