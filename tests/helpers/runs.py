@@ -31,8 +31,8 @@ from taco.parallel.data_parallel import (
     optimizer_state,
 )
 from taco.parallel.parallelize import ParallelOptions, parallelize
-from taco.parallel.torch_private import local_tensor
 from taco.parallel.tags import dp_hook_state
+from taco.parallel.torch_private import local_tensor
 from taco.train.config import load_config
 from taco.train.launch import launch
 from tests.helpers.dist import assert_close, assert_equal
