@@ -39,23 +39,27 @@ def test_batch_split_matches_the_unsplit_reference_with_pp_and_dp():
         assert all(abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]) for r in res)
 
 
-def _fsdp_split_and_unsplit(rank: int, world: int) -> dict:
-    """TP=2 x FSDP2 over DP=2: the unsplit and the split step, each checked against the unsharded
-    reference inside `parallel_step`, then against each other (this rank's gradient shards)."""
-    plain = parallel_step(rank, world, "gpt", 2, 1, 2, dp_shard=True)
-    split = parallel_step(rank, world, "gpt", 2, 1, 2, dp_shard=True, tp_overlap_chunks=2)
-    assert plain["grads"].keys() == split["grads"].keys()
-    for name, g in split["grads"].items():
-        assert_close(g, plain["grads"][name], f"split vs unsplit grad {name}", rtol=1e-4, atol=1e-6)
-    return {k: split[k] for k in ("loss", "ref_loss", "checked")} | {"plain_loss": plain["loss"]}
+def _fsdp_split_and_unsplit(rank: int, world: int) -> list[dict]:
+    """FSDP2 over DP=2 with TP=2, then with two 1F1B stages (the second stage's input carries a
+    gradient): the unsplit and the split step, each checked against the unsharded reference inside
+    `parallel_step`, then against each other (this rank's gradient shards)."""
+    out = []
+    for kind, pp, tp in (("gpt", 1, 2), ("qwen", 2, 1)):
+        plain = parallel_step(rank, world, kind, 2, pp, tp, dp_shard=True)
+        split = parallel_step(rank, world, kind, 2, pp, tp, dp_shard=True, tp_overlap_chunks=2)
+        assert plain["grads"].keys() == split["grads"].keys()
+        for name, g in split["grads"].items():
+            assert_close(g, plain["grads"][name], f"split vs unsplit grad {name}", rtol=1e-4, atol=1e-6)
+        out.append({k: split[k] for k in ("loss", "ref_loss", "checked")} | {"plain_loss": plain["loss"]})
+    return out
 
 
-@pytest.mark.slow  # 4 gloo ranks, two steps
+@pytest.mark.slow  # 4 gloo ranks, four steps
 def test_batch_split_matches_the_unsplit_run_with_fsdp2():
-    for r in run_distributed(_fsdp_split_and_unsplit, 4, timeout=240):
-        assert r["checked"] > 0
-        assert abs(r["loss"] - r["plain_loss"]) <= 1e-5 * abs(r["plain_loss"])
-        assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
+    for res in run_distributed(_fsdp_split_and_unsplit, 4, timeout=240):
+        assert len(res) == 2 and all(r["checked"] > 0 for r in res)
+        assert all(abs(r["loss"] - r["plain_loss"]) <= 1e-5 * abs(r["plain_loss"]) for r in res)
+        assert all(abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]) for r in res)
 
 
 def _mismatch(rank: int, world: int) -> str:
