@@ -175,19 +175,24 @@ def fully_shard_stage(
     policy: comm.CommPolicy | None = None,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
+    one_unit: bool = False,
 ) -> nn.Module:
     """FSDP2 over `group`: each of `blocks` its own parameter group, then `stage` (the rest); returns
     `stage` (now an FSDPModule; the module itself when the group is None: dp == 1).
 
     Parameters must already be on their device (FSDP shards them where they are); each rank shards
     the tensors it holds (its TP shard) along dim 0. `grad_intra_codec` None: `grad_codec`.
+    `one_unit`: the whole stage is one parameter group (batch-split TP overlap: FSDP2's hooks then
+    sit on the stage only, so they run once per micro-batch on the caller's thread, not once per
+    piece on a piece's worker; docs/design.md 1.3 "Overlap across pieces").
     """
     if group is None or dist.get_world_size(group) == 1:
         return stage
     device = next(stage.parameters()).device
     mesh = DeviceMesh.from_group(group, device.type)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    units = [b for b in blocks if any(True for _ in b.parameters())] + [stage]
+    units = [] if one_unit else [b for b in blocks if any(True for _ in b.parameters())]
+    units.append(stage)
     for u in units:  # reshard_after_forward=False: one gather per step (see set_gradient_sync)
         fully_shard(u, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     wc, gc = build_codec(weight_codec), build_codec(grad_codec)

@@ -110,10 +110,12 @@ def _shard_dp(stage: PipelineStage, dims: ParallelDims, opts: ParallelOptions, p
 
     layers = stage.model.layers
     param_dtype, reduce_dtype = opts.fsdp_dtypes
+    # batch-split: the stage is one FSDP2 unit, gathered before the pieces start and reduced after
+    # their joint backward (docs/design.md 1.3 "Overlap across pieces")
     return fully_shard_stage(
         stage, [layers[i] for i in stage.layers], group, **opts.fsdp_codecs,
         node_groups=dp_node_groups(dims, opts.dp_ranks_per_node), policy=policy,
-        param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype, one_unit=stage.pieces > 1,
     )  # fmt: skip
 
 
@@ -156,8 +158,8 @@ def parallelize(
             tctx.chunked = True
     stage = PipelineStage(model, dims.pp_rank, dims.pp)  # 2. PP: keep this stage's layers
     if opts.tp_overlap_chunks > 1:  # batch-split overlap: the same piece count on every TP rank
-        if opts.dp_shard or opts.compile:
-            raise ValueError("batch-split TP overlap does not run with FSDP2 (dp_shard) or compile yet")
+        if opts.compile:
+            raise ValueError("batch-split TP overlap does not run with compile yet")
         check_piece_counts(opts.tp_overlap_chunks, dims.group("tp"), opts.device)
         stage.pieces = opts.tp_overlap_chunks
     ctx = tp_context(model)

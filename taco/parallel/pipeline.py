@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from taco import comm
 from taco.codec import Codec
@@ -133,7 +134,14 @@ class PipelineStage(nn.Module):
             x = self.model.embed(x)  # [b, s, h]
         layers = lambda h: self.model.run_layers(h, positions)  # noqa: E731
         split = self.pieces > 1  # batch-split: the pieces' gradients come back through one node
+        # collected here, inside forward: under FSDP2 (the stage one unit) its pre-forward hook has
+        # already put the unsharded parameters in place, the ones the pieces compute with
         params = [p for i in self.layers for p in self.model.layers[i].parameters()] if split else []
+        if split and any(isinstance(p, DTensor) for p in params):
+            raise ValueError(
+                "batch-split TP overlap: the blocks' parameters are still sharded when the stage runs; "
+                "FSDP2 must shard the stage as one unit (fully_shard_stage(..., one_unit=True))"
+            )
         x = run_pieces(layers, x, self.pieces, params)  # [b, s(/tp with SP), h]
         # logits [b, s, V/tp] in the model's dtype (the vocab-parallel loss widens them to fp32 in its
         # one full-size buffer; its backward returns the gradient in their dtype), or [b, s(/tp), h]

@@ -32,6 +32,7 @@ from taco.parallel.data_parallel import (
 )
 from taco.parallel.parallelize import ParallelOptions, parallelize
 from taco.parallel.tags import dp_hook_state
+from taco.parallel.torch_private import local_tensor
 from taco.train.config import load_config
 from taco.train.launch import launch
 from tests.helpers.dist import assert_close, assert_equal
@@ -71,10 +72,12 @@ def parallel_step(
     check_sizes: bool = False,
     tp_overlap_chunks: int = 1,
     tp_chunked: bool = False,
+    dp_shard: bool = False,
 ) -> dict:
     """One step on a (dp, pp, tp) mesh; grads compared with the reference when `tol` is set.
     `check_sizes`: the policies' size check (p2p headers) on; `tp_overlap_chunks` > 1: batch-split
-    TP overlap with that many pieces per micro-batch; `tp_chunked`: the chunked SP rings."""
+    TP overlap with that many pieces per micro-batch; `tp_chunked`: the chunked SP rings;
+    `dp_shard`: FSDP2 over DP (each rank's gradients are its dim-0 shards, returned as "grads")."""
     torch.manual_seed(0)
     model = tiny_model(kind, n_layer)
     ref = copy.deepcopy(model)
@@ -86,7 +89,7 @@ def parallel_step(
     dims = ParallelDims(dp=dp, pp=pp, tp=tp, sp=sp).build()
     opts = ParallelOptions(
         overlap_wgrad=overlap_wgrad, dp_codec=codecs.get("dp"), schedule=schedule, overlap_p2p=overlap_p2p,
-        tp_overlap_chunks=tp_overlap_chunks, tp_chunked=tp_chunked,
+        tp_overlap_chunks=tp_overlap_chunks, tp_chunked=tp_chunked, dp_shard=dp_shard,
     )
     par = parallelize(model, dims, pol, opts)  # the trainer's build step (taco.train.build.build_run)
     stage, module, engine = par.stage, par.module, par.engine
@@ -105,18 +108,25 @@ def parallel_step(
     ref_loss.backward()
     out = {"loss": loss.item(), "ref_loss": ref_loss.item(), "checked": 0}
     diff2 = ref2 = 0.0
+    grads = {}  # name -> this rank's gradient (its FSDP2 shard with dp_shard)
     for mname, mod in stage.named_modules():
         for pname, p in mod.named_parameters(recurse=False):
             full = f"{mname}.{pname}".removeprefix("model.")
             exp = _ref_grad(ref, mod, full, pname, tp, dims.tp_rank)
-            diff2 += (p.grad - exp).square().sum().item()
+            got = local_tensor(p.grad)
+            if dp_shard and dp > 1:  # FSDP2 shards dim 0 as torch.chunk
+                exp = exp.chunk(dp, 0)[dims.dp_rank]
+            grads[full] = got.detach().clone()
+            diff2 += (got - exp).square().sum().item()
             ref2 += exp.square().sum().item()
             if tol is not None:
-                assert_close(p.grad, exp, f"grad {full}", rtol=tol, atol=1e-6)
+                assert_close(got, exp, f"grad {full}", rtol=tol, atol=1e-6)
             out["checked"] += 1
+    if dp_shard:
+        out["grads"] = grads
     out["grad_err"] = math.sqrt(diff2 / ref2)  # relative error of this rank's gradient vector
-    out["grad_digest"] = [p.grad.double().sum().item() for p in stage.parameters()]
-    grad_bytes = b"".join(p.grad.numpy().tobytes() for p in stage.parameters())
+    out["grad_digest"] = [local_tensor(p.grad).double().sum().item() for p in stage.parameters()]
+    grad_bytes = b"".join(local_tensor(p.grad).numpy().tobytes() for p in stage.parameters())
     out["grad_sha"] = hashlib.sha256(grad_bytes).hexdigest()
     if tol is not None:
         got, want = out["loss"], out["ref_loss"]

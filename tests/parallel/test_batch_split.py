@@ -1,5 +1,5 @@
 """Batch-split TP overlap (taco/parallel/batch_split.py): the split adds no math on every layout it
-runs with, ranks that disagree on the piece count get the same clear error, and the pieces'
+runs with (FSDP2 included), ranks that disagree on the piece count get the same clear error, and the pieces'
 collectives really are in flight while another piece computes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from taco.comm import Handle
 from taco.parallel.batch_split import check_piece_counts, overlapped, run_pieces
-from tests.helpers.dist import run_distributed
+from tests.helpers.dist import assert_close, run_distributed
 from tests.helpers.runs import parallel_step
 
 
@@ -36,6 +36,29 @@ def test_batch_split_matches_the_unsplit_reference_tp_and_sp():
 def test_batch_split_matches_the_unsplit_reference_with_pp_and_dp():
     for res in run_distributed(_layouts, 4, timeout=240):
         assert len(res) == 2 and all(r["checked"] > 0 for r in res)
+        assert all(abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]) for r in res)
+
+
+def _fsdp_split_and_unsplit(rank: int, world: int) -> list[dict]:
+    """FSDP2 over DP=2 with TP=2, then with two 1F1B stages (the second stage's input carries a
+    gradient): the unsplit and the split step, each checked against the unsharded reference inside
+    `parallel_step`, then against each other (this rank's gradient shards)."""
+    out = []
+    for kind, pp, tp in (("gpt", 1, 2), ("qwen", 2, 1)):
+        plain = parallel_step(rank, world, kind, 2, pp, tp, dp_shard=True)
+        split = parallel_step(rank, world, kind, 2, pp, tp, dp_shard=True, tp_overlap_chunks=2)
+        assert plain["grads"].keys() == split["grads"].keys()
+        for name, g in split["grads"].items():
+            assert_close(g, plain["grads"][name], f"split vs unsplit grad {name}", rtol=1e-4, atol=1e-6)
+        out.append({k: split[k] for k in ("loss", "ref_loss", "checked")} | {"plain_loss": plain["loss"]})
+    return out
+
+
+@pytest.mark.slow  # 4 gloo ranks, four steps
+def test_batch_split_matches_the_unsplit_run_with_fsdp2():
+    for res in run_distributed(_fsdp_split_and_unsplit, 4, timeout=240):
+        assert len(res) == 2 and all(r["checked"] > 0 for r in res)
+        assert all(abs(r["loss"] - r["plain_loss"]) <= 1e-5 * abs(r["plain_loss"]) for r in res)
         assert all(abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]) for r in res)
 
 

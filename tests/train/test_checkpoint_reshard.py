@@ -62,9 +62,15 @@ def _resume(corpus, step, out, *layout):
         ("--parallel.tp=1", "--parallel.pp=1", "--parallel.dp=2"),
         ("--parallel.tp=4",),
         ("--parallel.tp=2", "--parallel.dp=2", "--parallel.dp_shard=true"),
+        (
+            "--parallel.tp=2",
+            "--parallel.dp=2",
+            "--parallel.dp_shard=true",
+            "--parallel.tp_overlap=batch-split",
+        ),
         ("--parallel.tp=1", "--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=true"),
     ],
-    ids=["tp1-pp1-dp2", "tp4", "tp2-dp2-fsdp2", "pp2-dp2-zero1"],
+    ids=["tp1-pp1-dp2", "tp4", "tp2-dp2-fsdp2", "tp2-dp2-fsdp2-split", "pp2-dp2-zero1"],
 )
 def test_resume_at_another_layout_gives_the_same_next_step_loss(corpus, saved, tmp_path, layout):
     step, ref = saved

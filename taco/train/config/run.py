@@ -73,11 +73,10 @@ class Config:
                     f"size ({self.micro_batch_size} sequences = train.batch_size / (parallel.dp * "
                     "parallel.microbatches))"
                 )
-            if p.dp_shard or t.compile:
+            if t.compile:
                 raise ValueError(
-                    'parallel.tp_overlap = "batch-split" does not run with parallel.dp_shard (FSDP2 '
-                    "gathers each block's weights once per forward, not once per piece) or "
-                    'train.compile yet: set parallel.tp_overlap = "none" for those'
+                    'parallel.tp_overlap = "batch-split" does not run with train.compile yet: set '
+                    'parallel.tp_overlap = "none" for that'
                 )
         if p.tp_overlap.value == "chunked" and (not p.sp or p.tp < 2 or t.compile):
             raise ValueError(

@@ -242,9 +242,11 @@ class ParallelConfig(_Section):
         '"none": each TP collective stalls the compute after it; "batch-split" (Domino-style): each '
         "micro-batch's blocks run as parallel.tp_overlap_chunks pieces along the batch, interleaved "
         "layer by layer, so that one piece's (compressed) forward collectives travel while the next "
-        "piece computes; the same math (docs/design.md 1.3 \"Overlap across pieces\"). Not with "
-        'parallel.dp_shard or train.compile yet. "chunked" (needs parallel.sp): each SP all-gather+'
-        "matmul and matmul+reduce-scatter runs as a ring of parallel.tp steps, one sequence shard's "
+        "piece computes; the same math (docs/design.md 1.3 \"Overlap across pieces\"). With "
+        "parallel.dp_shard, FSDP2 shards the stage as one unit (one weight gather and one gradient "
+        'reduce-scatter per step, not per block). Not with train.compile yet. "chunked" (needs '
+        "parallel.sp): each SP all-gather+matmul and matmul+reduce-scatter runs as a ring of "
+        "parallel.tp steps, one sequence shard's "
         "(compressed) hop in flight while another shard's GEMM runs (docs/design.md 1.3 \"Chunked "
         "sequence-parallel overlap\"); not with train.compile.")})
     tp_overlap_chunks: int = field(default=2, metadata={"doc": (
