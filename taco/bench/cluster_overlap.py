@@ -1,7 +1,9 @@
 """Overlap rows of `taco bench cluster`: "CODEC+overlap" runs CODEC with
 `parallel.tp_overlap = "batch-split"` (and "none+overlap" is the uncompressed overlap control);
-"CODEC+chunked" runs it with `parallel.tp_overlap = "chunked"` (the SP rings; the sweep needs
-`--set parallel.sp=true`, so that every row runs the same sequence-parallel collectives).
+"CODEC+overlap-auto" runs it with `parallel.tp_overlap = "auto"` (the split kept only where the
+run's probe measures that it pays); "CODEC+chunked" runs it with `parallel.tp_overlap = "chunked"`
+(the SP rings; the sweep needs `--set parallel.sp=true`, so that every row runs the same
+sequence-parallel collectives).
 
 Why this file exists: the overlap rows are a label suffix, not a codec, so the bench's planning,
 codec-rate and model steps strip it here and set the parallel option; their ideal is the overlap
@@ -16,18 +18,18 @@ from typing import Any
 from . import cost_model as cm
 
 SUFFIX = "+overlap"
-SUFFIXES = {SUFFIX: "batch-split", "+chunked": "chunked"}
+SUFFIXES = {SUFFIX: "batch-split", "+overlap-auto": "auto", "+chunked": "chunked"}
 """label suffix -> the `parallel.tp_overlap` mode of that row"""
 
 
 def mode(label: str) -> str | None:
-    """The overlap mode a label asks for ("batch-split", "chunked"), or None."""
+    """The overlap mode a label asks for ("batch-split", "auto", "chunked"), or None."""
     return next((m for suffix, m in SUFFIXES.items() if label.endswith(suffix)), None)
 
 
 def split_label(label: str) -> tuple[str, bool]:
-    """("int6-hadamard", True) for "int6-hadamard+overlap" or "int6-hadamard+chunked"; (label, False)
-    for any other label."""
+    """("int6-hadamard", True) for "int6-hadamard+overlap", "+overlap-auto" or "+chunked"; (label,
+    False) for any other label."""
     for suffix in SUFFIXES:
         if label.endswith(suffix):
             return label[: -len(suffix)] or "none", True
@@ -50,8 +52,9 @@ def configure(cfg: Any, label: str) -> None:
 
 def pieces(label: str, batch_pieces: int, world: int) -> int:
     """How many pieces the cost model overlaps for the row: `parallel.tp_overlap_chunks` for
-    batch-split, the TP size for the chunked rings (a ring of `world` steps), 1 without overlap."""
-    return {"batch-split": batch_pieces, "chunked": world}.get(mode(label) or "", 1)
+    batch-split (and auto, modeled as kept), the TP size for the chunked rings (a ring of `world`
+    steps), 1 without overlap."""
+    return {"batch-split": batch_pieces, "auto": batch_pieces, "chunked": world}.get(mode(label) or "", 1)
 
 
 def ideal(label: str, f: float, r: float) -> float:

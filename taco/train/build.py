@@ -26,6 +26,7 @@ from taco.comm import CommPolicy
 from taco.parallel.dims import ParallelDims
 from taco.parallel.parallelize import ParallelOptions, parallelize
 from taco.train.adaptive import build_wing
+from taco.train.adaptive.overlap import WARM_STEPS, OverlapProbe
 from taco.train.config import Config
 from taco.train.data import TokenDataset
 from taco.train.perf import flops_per_token
@@ -141,7 +142,7 @@ def parallel_options(cfg: Config, device: torch.device | str) -> ParallelOptions
         fsdp_dtypes=(torch.bfloat16, torch.float32) if bf16 else (None, None),
         schedule=p.pp_schedule.value, overlap_p2p=p.overlap_p2p, act_dtype=train_dtype(cfg),
         autocast=bf16 and mp == "autocast",
-        tp_overlap_chunks=p.tp_overlap_chunks if p.tp_overlap.value == "batch-split" else 1,
+        tp_overlap_chunks=p.tp_overlap_chunks if p.tp_overlap.value in ("batch-split", "auto") else 1,
         tp_chunked=p.tp_overlap.value == "chunked",
     )  # fmt: skip
 
@@ -171,6 +172,20 @@ def build_stage_optimizer(
     return MasterWeightsOptimizer(groups, make, accumulate_fp32=fp32_sum, init=fp32_init)
 
 
+def overlap_probe(cfg: Config, stage: Any, device: torch.device, log: bool) -> OverlapProbe:
+    """`parallel.tp_overlap = "auto"`: the probe that keeps the batch split only where it pays; it
+    starts after the codec policy's own probe and check steps (`compression.when = "auto"`)."""
+    c, p = cfg.compression, cfg.parallel
+    start = WARM_STEPS + (c.auto_warmup_steps + c.auto_check_steps if c.when == "auto" else 0)
+
+    def set_pieces(k: int) -> None:
+        stage.pieces = k
+
+    return OverlapProbe(
+        set_pieces, p.tp_overlap_chunks, start=start, pairs=p.tp_overlap_probe_pairs, device=device, log=log
+    )
+
+
 def build_run(
     cfg: Config,
     dims: ParallelDims,
@@ -198,5 +213,7 @@ def build_run(
         cfg, policies["tp"], tp_group=dims.group("tp"), device=device, log=log, extra=tuple(observers),
         decides=dims.dp_rank == 0 and dims.tp_rank == 0, captures=dims.tp_rank == 0 and dims.dp_rank == 0,
     )  # fmt: skip
+    if cfg.parallel.tp_overlap.value == "auto" and par.stage.pieces > 1:  # 9. split where it pays
+        wing.overlap = wing.register(overlap_probe(cfg, par.stage, device, log))
     data = (train_ds, val_ds)
     return Run(cfg, dims, device, log, data, loss_vocab, fpt, policies, par, opt, wing, dtype)

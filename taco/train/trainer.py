@@ -175,6 +175,7 @@ class Trainer:
             "dp_codec": self.run.dp_codecs(),
             **({"auto": wing.auto.summary()} if wing.auto is not None else {}),
             **({"ladder": wing.ladder.summary()} if wing.ladder is not None else {}),
+            **({"tp_overlap": wing.overlap.summary()} if wing.overlap is not None else {}),
         }
 
     def _write_outputs(self, summary: dict[str, Any]) -> None:

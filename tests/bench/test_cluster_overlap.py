@@ -74,3 +74,18 @@ def test_chunked_labels_plan_chunked_runs_and_need_sp(tmp_path):
     plain = load_config(None, small)
     with pytest.raises(ValueError, match="parallel.sp=true"):
         cluster.plan_runs(plain, args, tmp_path)
+
+
+def test_overlap_auto_labels_plan_auto_runs(tmp_path):
+    args = argparse.Namespace(
+        comm=["bf16"], codecs=["int6-hadamard+overlap-auto", "int6-hadamard+overlap"], threads=1,
+        backend="auto", warmup=1, timeout=60,
+    )  # fmt: skip
+    cfg = load_config(None, ["--train.batch_size=4"])
+    specs = {s["codec"]: s["config"] for s in cluster.plan_runs(cfg, args, tmp_path)}
+    got = {k: (c["compression"]["tp_codec"], c["parallel"]["tp_overlap"]) for k, c in specs.items()}
+    assert got["int6-hadamard+overlap-auto"] == ("int6-hadamard", "auto")
+    assert got["int6-hadamard+overlap"] == ("int6-hadamard", "batch-split")
+    assert overlap.split_label("int6-hadamard+overlap-auto") == ("int6-hadamard", True)
+    assert overlap.pieces("int6-hadamard+overlap-auto", 4, 2) == 4
+    assert overlap.ideal("int6-hadamard+overlap-auto", 0.72, 2.56) == cm.ideal_overlap_speedup(0.72, 2.56)

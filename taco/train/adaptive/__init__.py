@@ -39,6 +39,8 @@ class Wing(Observers):
     auto: AutoPolicy | None = None
     calibration: Calibration | None = None
     ladder: LadderController | None = None
+    overlap: Any = None
+    """`overlap.OverlapProbe` with parallel.tp_overlap = "auto" (registered by the run's build)"""
 
 
 def build_wing(

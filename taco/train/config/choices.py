@@ -46,6 +46,7 @@ class PPSchedule(_Choice):
 class TPOverlap(_Choice):
     NONE = "none"
     BATCH_SPLIT = "batch-split"
+    AUTO = "auto"
     CHUNKED = "chunked"
 
 

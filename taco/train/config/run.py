@@ -66,7 +66,7 @@ class Config:
                 "compression.dp_codec compresses DDP's all-reduce; with parallel.dp_shard = true use "
                 'compression.dp_weight_codec / dp_grad_codec and set compression.dp_codec = "none"'
             )
-        if p.tp_overlap.value == "batch-split":
+        if p.tp_overlap.value in ("batch-split", "auto"):
             if self.micro_batch_size % p.tp_overlap_chunks:
                 raise ValueError(
                     f"parallel.tp_overlap_chunks = {p.tp_overlap_chunks} must divide the micro-batch "
@@ -75,7 +75,7 @@ class Config:
                 )
             if t.compile:
                 raise ValueError(
-                    'parallel.tp_overlap = "batch-split" does not run with train.compile yet: set '
+                    f'parallel.tp_overlap = "{p.tp_overlap.value}" does not run with train.compile yet: set '
                     'parallel.tp_overlap = "none" for that'
                 )
         if p.tp_overlap.value == "chunked" and (not p.sp or p.tp < 2 or t.compile):
@@ -138,7 +138,6 @@ class Config:
                 values = _apply_preset(values)
             sections[name] = section_cls(**values)
         return cls(**sections)
-
 
 
 def _valid_keys(section: str) -> list[str]:

@@ -244,13 +244,19 @@ class ParallelConfig(_Section):
         "layer by layer, so that one piece's (compressed) forward collectives travel while the next "
         "piece computes; the same math (docs/design.md 1.3 \"Overlap across pieces\"). With "
         "parallel.dp_shard, FSDP2 shards the stage as one unit (one weight gather and one gradient "
-        'reduce-scatter per step, not per block). Not with train.compile yet. "chunked" (needs '
-        "parallel.sp): each SP all-gather+matmul and matmul+reduce-scatter runs as a ring of "
-        "parallel.tp steps, one sequence shard's "
-        "(compressed) hop in flight while another shard's GEMM runs (docs/design.md 1.3 \"Chunked "
-        "sequence-parallel overlap\"); not with train.compile.")})
+        'reduce-scatter per step, not per block). Not with train.compile yet. "auto": batch-split '
+        "where it pays: after the codec policy's probe, tp_overlap_probe_pairs pairs of steps run "
+        "split and whole, and the split is kept only if it saves time beyond the pairs' spread "
+        '(docs/design.md 1.3 "Overlap where it pays"; a fast link has no wire time to hide). '
+        '"chunked" (needs parallel.sp): each SP all-gather+matmul and matmul+reduce-scatter runs as '
+        "a ring of parallel.tp steps, one sequence shard's (compressed) hop in flight while another "
+        'shard\'s GEMM runs (docs/design.md 1.3 "Chunked sequence-parallel overlap"); not with '
+        "train.compile.")})
     tp_overlap_chunks: int = field(default=2, metadata={"doc": (
-        'Pieces per micro-batch with tp_overlap = "batch-split"; must divide the micro-batch size.')})
+        'Pieces per micro-batch with tp_overlap = "batch-split" or "auto"; must divide the micro-batch '
+        "size.")})
+    tp_overlap_probe_pairs: int = field(default=6, metadata={"doc": (
+        'With tp_overlap = "auto": pairs of steps (one split, one whole) timed before deciding.')})
     tp_comm_dtype: CommDtype = field(default=CommDtype.AUTO, metadata={"doc": (
         'Dtype of the tensor-parallel collectives\' inputs (before any codec): "auto" = train.dtype '
         "(bf16 training communicates bf16, as Megatron does; under bf16 autocast the backward gradients "
@@ -278,7 +284,7 @@ class ParallelConfig(_Section):
         return str(self.dims())  # "DP2-PP2-TP2-SP" (no "-SP" when tp = 1: nothing to shard)
 
     def _check(self) -> None:
-        for name in ("dp", "pp", "tp", "microbatches", "tp_overlap_chunks"):
+        for name in ("dp", "pp", "tp", "microbatches", "tp_overlap_chunks", "tp_overlap_probe_pairs"):
             if getattr(self, name) < 1:
                 self._fail(name, "must be >= 1")
         if self.dp_shard and self.zero:
