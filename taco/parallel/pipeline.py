@@ -130,13 +130,18 @@ class PipelineStage(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: token ids [b, s] (first stage) or activations [b, s(/tp), h]; positions: [s] (full)."""
-        if self.is_first:
-            x = self.model.embed(x)  # [b, s, h]
-        layers = lambda h: self.model.run_layers(h, positions)  # noqa: E731
         split = self.pieces > 1  # batch-split: the pieces' gradients come back through one node
+        embed = self.is_first  # the first stage embeds; split, inside the pieces (its all-reduce too)
+
+        def layers(h: torch.Tensor) -> torch.Tensor:  # token ids [b, s] or [b, s(/tp), h]
+            return self.model.run_layers(self.model.embed(h) if embed else h, positions)
+
         # collected here, inside forward: under FSDP2 (the stage one unit) its pre-forward hook has
         # already put the unsharded parameters in place, the ones the pieces compute with
         params = [p for i in self.layers for p in self.model.layers[i].parameters()] if split else []
+        if split and embed:
+            tables = (self.model.tok_emb, getattr(self.model, "pos_emb", None))
+            params += [p for m in tables if m is not None for p in m.parameters()]
         if split and any(isinstance(p, DTensor) for p in params):
             raise ValueError(
                 "batch-split TP overlap: the blocks' parameters are still sharded when the stage runs; "

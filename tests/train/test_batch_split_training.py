@@ -23,6 +23,16 @@ def test_batch_split_per_step_losses_equal_the_unsplit_run(corpus, tmp_path):
     launch(tiny(corpus, tmp_path / "plain", *every))
     launch(tiny(corpus, tmp_path / "split", *every, *SPLIT))
     assert _rel(losses(tmp_path / "split"), losses(tmp_path / "plain")) <= 1e-5
+    # the embedding runs inside the pieces: its all-reduce is issued per piece, as a block's is
+    plain, split = _calls(tmp_path / "plain"), _calls(tmp_path / "split")
+    assert split["tok_emb.fwd"] == split["layers.0.attn.out.fwd"] == 2 * plain["tok_emb.fwd"] > 0
+    assert split["lm_head.bwd"] == plain["lm_head.bwd"]  # the head stays whole
+
+
+def _calls(out) -> dict[str, int]:
+    """Calls per TP site, from the run's comm_stats.txt."""
+    tp = (out / "comm_stats.txt").read_text().split("\n\n")[0].splitlines()[2:]
+    return {row.split()[0]: int(row.split()[1]) for row in tp if not row.startswith(("total", "buffers"))}
 
 
 def test_batch_split_with_a_codec_and_recompute_trains(corpus, tmp_path):
