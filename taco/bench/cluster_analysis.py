@@ -278,6 +278,10 @@ class ReportRow:
     """the best peer's step time / this run's"""
     peer_ci95: tuple[float, float] | None = None
     """95% interval of `peer_speedup` from the paired rounds (None for the best peer itself)"""
+    over_codec: float | None = None
+    """an overlap row: its codec's row without the overlap (same link), step time / this row's"""
+    over_codec_ci95: tuple[float, float] | None = None
+    """95% interval of `over_codec` from the paired rounds"""
 
     @property
     def no_effect(self) -> bool:
@@ -301,7 +305,8 @@ class ReportRow:
                  curve_gap_pct=self.curve_gap_pct, curve_max_pct=self.curve_max_pct,
                  of_ideal=self.of_ideal, speedup_ci95=self.speedup_ci95, noise_floor=self.noise_floor,
                  no_effect=self.no_effect, best_peer=self.best_peer, peer_speedup=self.peer_speedup,
-                 peer_ci95=self.peer_ci95, peer_no_effect=no_effect(self.peer_ci95))  # fmt: skip
+                 peer_ci95=self.peer_ci95, peer_no_effect=no_effect(self.peer_ci95),
+                 over_codec=self.over_codec, over_codec_ci95=self.over_codec_ci95)  # fmt: skip
         if self.model_step_s is not None:
             d.update(model_step_s=self.model_step_s, model_err_pct=self.model_err_pct)
         return d
@@ -378,11 +383,26 @@ def analyse(results: list[LinkResult], sweep: Sweep, rates: dict) -> ClusterRepo
                     row.model_step_s = model_step(inputs[mode], rates, codec, sweep, link)
                 rows.append(row)
     over_best_peer(rows, rounds, sweep.peers)
+    over_codec_alone(rows, rounds)
     links = {
         res.rate_mbit: dict(res.calib, probe_bytes_per_s=res.probe["bytes_per_s"], rtt_s=res.probe["rtt_s"])
         for res in results
     }
     return ClusterReport(rows, checks, inputs, links, rates, max(floors.values(), default=None))
+
+
+def over_codec_alone(rows: list[ReportRow], rounds: dict[tuple, list[float]]) -> None:
+    """Each overlap row ("CODEC+overlap", "+overlap-auto", "+chunked") against CODEC's row of the
+    same mode and link, without the overlap: the speedup the overlap adds, with the 95% interval of
+    the paired rounds, set on the rows in place (no such row: left None)."""
+    for r in rows:
+        name, ov = overlap.split_label(r.codec)
+        alone = next((a for a in rows if (a.mode, a.rate_mbit, a.codec) == (r.mode, r.rate_mbit, name)), None)
+        if not ov or alone is None:
+            continue
+        r.over_codec = alone.run.step_s / r.run.step_s
+        key = (r.mode, r.rate_mbit)
+        r.over_codec_ci95 = ratio_interval(rounds[(*key, name)], rounds[(*key, r.codec)])
 
 
 def over_best_peer(rows: list[ReportRow], rounds: dict[tuple, list[float]], peers: list[str]) -> None:

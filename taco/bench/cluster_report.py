@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .cluster_analysis import ClusterReport, ReportRow
-from .cluster_noise import CONTROL
+from .cluster_noise import CONTROL, no_effect
+from .cluster_overlap import split_label
 from .cluster_records import MODES, LinkResult
 from .peers import is_peer
 
@@ -89,7 +90,26 @@ def format_report(report: ClusterReport) -> str:
         lines += ["", f"noise floor (the A/A control's 95% half-width): {floor}; per link: {links}"]
     if quotes := headline(report):
         lines += ["", "over the best peer (vs peer: the best peer's step time / the row's):", *quotes]
+    if adds := overlap_gains(report):
+        lines += ["", "what the overlap adds (the codec's step without it / the row's):", *adds]
     return "\n".join(lines)
+
+
+def overlap_gains(report: ClusterReport) -> list[str]:
+    """One line per overlap row: its speedup over the same codec without the overlap, with the
+    95% interval of the paired rounds ("no effect measured" when it contains 1.0)."""
+    lines = []
+    for r in report.rows:
+        if r.over_codec is None:
+            continue
+        link = f"{r.rate_mbit:g} Mbit/s" if r.rate_mbit else "uncapped"
+        ci = r.over_codec_ci95
+        text = "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
+        tail = f", {NO_EFFECT}" if no_effect(ci) else ""
+        name = split_label(r.codec)[0]
+        gain = f"{r.over_codec:.2f}x over {name} alone (95% CI {text}){tail}"
+        lines.append(f"{r.codec} ({r.mode}, {link}): {gain}")
+    return lines
 
 
 def format_markdown(report: ClusterReport) -> str:

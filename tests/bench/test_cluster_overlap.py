@@ -89,3 +89,40 @@ def test_overlap_auto_labels_plan_auto_runs(tmp_path):
     assert overlap.split_label("int6-hadamard+overlap-auto") == ("int6-hadamard", True)
     assert overlap.pieces("int6-hadamard+overlap-auto", 4, 2) == 4
     assert overlap.ideal("int6-hadamard+overlap-auto", 0.72, 2.56) == cm.ideal_overlap_speedup(0.72, 2.56)
+
+
+def test_every_overlap_row_reports_what_the_overlap_adds_over_its_codec_alone():
+    from taco.bench.cluster_analysis import Sweep, analyse
+    from taco.bench.cluster_noise import ratio_interval
+    from taco.bench.cluster_records import LinkResult
+    from taco.bench.cluster_report import format_report
+
+    rounds = [  # per round: run -> mean step seconds
+        {"none": 1.00, "taco": 0.60, "taco+overlap": 0.48, "taco+overlap-auto": 0.61},
+        {"none": 1.01, "taco": 0.61, "taco+overlap": 0.49, "taco+overlap-auto": 0.60},
+        {"none": 0.99, "taco": 0.59, "taco+overlap": 0.47, "taco+overlap-auto": 0.60},
+    ]
+
+    def run(codec: str, step_s: float) -> dict:
+        steps = [dict(step_s=step_s, loss=5.0, raw_bytes=100.0, wire_bytes=100.0 if codec == "none" else 40.0,
+                      comm_s=0.5 * step_s, encode_s=0.0, decode_s=0.0) for _ in range(3)]  # fmt: skip
+        return dict(mode="bf16", codec=codec, rate_mbit=200.0, world=2, steps=steps, sites={}, val_loss=4.0)
+
+    runs = [run(c, t) for times in rounds for c, t in times.items()]
+    link = LinkResult.from_json(dict(rate_mbit=200.0, probe=dict(bytes_per_s=2.4e7, rtt_s=1e-3), calib={},
+                                     runs=runs))  # fmt: skip
+    cfg = load_config(None, ["--train.batch_size=2", "--model.seq_len=16", "--model.hidden=32"])
+    codecs = ["taco", "taco+overlap", "taco+overlap-auto"]
+    rep = analyse([link], Sweep.of(cfg, modes=["bf16"], codecs=codecs, warmup=1, burst="0b"), {})
+    rows = {r.codec: r for r in rep.rows}
+    times = {c: [r[c] for r in rounds] for c in rounds[0]}
+    assert rows["taco"].over_codec is None and rows["none"].over_codec is None
+    assert rows["taco+overlap"].over_codec == pytest.approx(sum(times["taco"]) / sum(times["taco+overlap"]))
+    assert rows["taco+overlap"].over_codec_ci95 == pytest.approx(
+        ratio_interval(times["taco"], times["taco+overlap"])
+    )
+    text = format_report(rep)
+    assert "taco+overlap (bf16, 200 Mbit/s): 1.25x over taco alone (95% CI" in text
+    auto = next(line for line in text.splitlines() if line.startswith("taco+overlap-auto (bf16, 200"))
+    assert "over taco alone" in auto and auto.endswith("no effect measured")  # 0.60 vs 0.60: no gain
+    assert rep.to_json()["rows"][2]["over_codec"] == pytest.approx(rows["taco+overlap"].over_codec)
