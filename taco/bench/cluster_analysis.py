@@ -397,8 +397,10 @@ def over_codec_alone(rows: list[ReportRow], rounds: dict[tuple, list[float]]) ->
     the paired rounds, set on the rows in place (no such row: left None)."""
     for r in rows:
         name, ov = overlap.split_label(r.codec)
+        if not ov:
+            continue
         alone = next((a for a in rows if (a.mode, a.rate_mbit, a.codec) == (r.mode, r.rate_mbit, name)), None)
-        if not ov or alone is None:
+        if alone is None:
             continue
         r.over_codec = alone.run.step_s / r.run.step_s
         key = (r.mode, r.rate_mbit)

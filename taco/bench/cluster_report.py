@@ -26,11 +26,19 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
 
 
-def ci_text(r: ReportRow, peer: bool = False) -> str:
-    """A row's 95% speedup interval over the baseline (over the best peer with `peer`; "-" without
-    repeated rounds)."""
-    ci = r.peer_ci95 if peer else r.speedup_ci95
+def interval_text(ci: tuple[float, float] | None) -> str:
+    """A 95% interval as "lo-hi" ("-" without repeated rounds)."""
     return "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
+
+
+def ci_text(r: ReportRow, peer: bool = False) -> str:
+    """A row's 95% speedup interval over the baseline (over the best peer with `peer`)."""
+    return interval_text(r.peer_ci95 if peer else r.speedup_ci95)
+
+
+def link_text(r: ReportRow) -> str:
+    """The row's link in a quotable line: "200 Mbit/s" or "uncapped"."""
+    return f"{r.rate_mbit:g} Mbit/s" if r.rate_mbit else "uncapped"
 
 
 def peer_text(r: ReportRow) -> str:
@@ -45,11 +53,10 @@ def headline(report: ClusterReport) -> list[str]:
     for r in report.rows:
         if r.codec == CONTROL or r.best_peer is None or is_peer(r.codec):
             continue
-        link = f"{r.rate_mbit:g} Mbit/s" if r.rate_mbit else "uncapped"
         base = f"{r.speedup:.2f}x over the uncompressed baseline (95% CI {ci_text(r)}), "
         base = "" if r.codec == "none" else base
         peer = f"{r.peer_speedup:.2f}x over the best peer, {r.best_peer} (95% CI {ci_text(r, True)})"
-        lines.append(f"{r.codec} ({r.mode}, {link}): {base}{peer}")
+        lines.append(f"{r.codec} ({r.mode}, {link_text(r)}): {base}{peer}")
     return lines
 
 
@@ -102,13 +109,10 @@ def overlap_gains(report: ClusterReport) -> list[str]:
     for r in report.rows:
         if r.over_codec is None:
             continue
-        link = f"{r.rate_mbit:g} Mbit/s" if r.rate_mbit else "uncapped"
         ci = r.over_codec_ci95
-        text = "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}"
         tail = f", {NO_EFFECT}" if no_effect(ci) else ""
-        name = split_label(r.codec)[0]
-        gain = f"{r.over_codec:.2f}x over {name} alone (95% CI {text}){tail}"
-        lines.append(f"{r.codec} ({r.mode}, {link}): {gain}")
+        gain = f"{r.over_codec:.2f}x over {split_label(r.codec)[0]} alone (95% CI {interval_text(ci)}){tail}"
+        lines.append(f"{r.codec} ({r.mode}, {link_text(r)}): {gain}")
     return lines
 
 

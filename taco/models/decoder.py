@@ -39,12 +39,15 @@ class Decoder(nn.Module):
         """``idx``: LongTensor [b, s] -> logits [b, s, vocab] (float32)."""
         return self.head(self.run_layers(self.embed(idx, positions), positions))
 
+    def embeddings(self) -> list[nn.Module]:
+        """The embedding tables ``embed`` looks up: ``tok_emb`` (and ``pos_emb`` where the model has one)."""
+        return [m for m in (self.tok_emb, getattr(self, "pos_emb", None)) if m is not None]
+
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameters, tied weights counted once; optionally without ``tok_emb`` (and ``pos_emb``)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            for emb in (self.tok_emb, getattr(self, "pos_emb", None)):
-                n -= emb.weight.numel() if emb is not None else 0
+            n -= sum(emb.weight.numel() for emb in self.embeddings())
         return n
 
     def resize_vocab(self, vocab_size: int) -> None:

@@ -140,8 +140,7 @@ class PipelineStage(nn.Module):
         # already put the unsharded parameters in place, the ones the pieces compute with
         params = [p for i in self.layers for p in self.model.layers[i].parameters()] if split else []
         if split and embed:
-            tables = (self.model.tok_emb, getattr(self.model, "pos_emb", None))
-            params += [p for m in tables if m is not None for p in m.parameters()]
+            params += [p for m in self.model.embeddings() for p in m.parameters()]
         if split and any(isinstance(p, DTensor) for p in params):
             raise ValueError(
                 "batch-split TP overlap: the blocks' parameters are still sharded when the stage runs; "

@@ -25,8 +25,8 @@ from taco.codec import build_codec
 from taco.comm import CommPolicy
 from taco.parallel.dims import ParallelDims
 from taco.parallel.parallelize import ParallelOptions, parallelize
-from taco.train.adaptive import build_wing
-from taco.train.adaptive.overlap import WARM_STEPS, OverlapProbe
+from taco.train.adaptive import OverlapProbe, build_wing
+from taco.train.adaptive.overlap import WARM_STEPS
 from taco.train.config import Config
 from taco.train.data import TokenDataset
 from taco.train.perf import flops_per_token
@@ -142,7 +142,7 @@ def parallel_options(cfg: Config, device: torch.device | str) -> ParallelOptions
         fsdp_dtypes=(torch.bfloat16, torch.float32) if bf16 else (None, None),
         schedule=p.pp_schedule.value, overlap_p2p=p.overlap_p2p, act_dtype=train_dtype(cfg),
         autocast=bf16 and mp == "autocast",
-        tp_overlap_chunks=p.tp_overlap_chunks if p.tp_overlap.value in ("batch-split", "auto") else 1,
+        tp_overlap_chunks=p.tp_overlap_chunks if p.splits_batch else 1,
         tp_chunked=p.tp_overlap.value == "chunked",
     )  # fmt: skip
 

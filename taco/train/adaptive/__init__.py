@@ -25,10 +25,11 @@ from .calibration import Calibration
 from .fidelity import FidelityTelemetry
 from .ladder import LadderController
 from .observers import Gradients, Observers, StepEnd, TensorCapture
+from .overlap import OverlapProbe
 
 __all__ = [
     "AutoPolicy", "Calibration", "FidelityTelemetry", "Gradients", "Observers", "StepEnd", "TensorCapture",
-    "LadderController", "Wing", "build_wing",
+    "LadderController", "OverlapProbe", "Wing", "build_wing",
 ]  # fmt: skip
 
 
@@ -39,8 +40,8 @@ class Wing(Observers):
     auto: AutoPolicy | None = None
     calibration: Calibration | None = None
     ladder: LadderController | None = None
-    overlap: Any = None
-    """`overlap.OverlapProbe` with parallel.tp_overlap = "auto" (registered by the run's build)"""
+    overlap: OverlapProbe | None = None
+    """with parallel.tp_overlap = "auto" (registered by the run's build, which holds the stage)"""
 
 
 def build_wing(

@@ -66,7 +66,7 @@ class Config:
                 "compression.dp_codec compresses DDP's all-reduce; with parallel.dp_shard = true use "
                 'compression.dp_weight_codec / dp_grad_codec and set compression.dp_codec = "none"'
             )
-        if p.tp_overlap.value in ("batch-split", "auto"):
+        if p.splits_batch:
             if self.micro_batch_size % p.tp_overlap_chunks:
                 raise ValueError(
                     f"parallel.tp_overlap_chunks = {p.tp_overlap_chunks} must divide the micro-batch "

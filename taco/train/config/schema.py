@@ -283,6 +283,12 @@ class ParallelConfig(_Section):
     def __str__(self) -> str:
         return str(self.dims())  # "DP2-PP2-TP2-SP" (no "-SP" when tp = 1: nothing to shard)
 
+    @property
+    def splits_batch(self) -> bool:
+        """Whether micro-batches run as tp_overlap_chunks pieces ("batch-split", or "auto" until its
+        probe decides)."""
+        return self.tp_overlap in (TPOverlap.BATCH_SPLIT, TPOverlap.AUTO)
+
     def _check(self) -> None:
         for name in ("dp", "pp", "tp", "microbatches", "tp_overlap_chunks", "tp_overlap_probe_pairs"):
             if getattr(self, name) < 1:
