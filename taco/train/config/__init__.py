@@ -10,7 +10,9 @@ follows Megatron-core and torchtitan: a dataclass per section, enums parsed in `
     cfg.parallel.tp            # 4
     config_to_toml(cfg)        # the resolved config, commented, loadable again
 
-Files: `schema.py` (enums and the five sections, each field's doc in its `metadata`), `run.py`
+Files: `schema.py` (the [model], [train] and [data] sections and their `_Section` base, each
+field's doc in its `metadata`), `parallel.py` ([parallel]), `compression.py` ([compression]),
+`choices.py` (the enums), `run.py`
 (`Config`: the sections checked against each other, built from a nested dict), `coerce.py` (TOML
 and command-line values to field types), `loading.py` (file + overrides -> `Config`),
 `writing.py` (`Config` -> commented TOML, `--help` text). Model sizes and presets come from
@@ -28,15 +30,9 @@ from taco.models.presets import PRESETS
 from taco.train.config.choices import Backend, CommDtype, DatasetKind, Device, Dtype, ModelKind, PPSchedule
 from taco.train.config.compression import CompressionConfig
 from taco.train.config.loading import check_codecs, load_config, parse_overrides
+from taco.train.config.parallel import ParallelConfig
 from taco.train.config.run import Config
-from taco.train.config.schema import (
-    DataConfig,
-    ModelConfig,
-    ParallelConfig,
-    TrainConfig,
-    default_cache_dir,
-    field_docs,
-)
+from taco.train.config.schema import DataConfig, ModelConfig, TrainConfig, default_cache_dir, field_docs
 from taco.train.config.writing import config_help, config_reference, config_to_toml
 
 __all__ = [

@@ -17,13 +17,8 @@ from typing import Any
 from taco.models.presets import PRESETS
 from taco.train.config.choices import DatasetKind
 from taco.train.config.compression import CompressionConfig
-from taco.train.config.schema import (
-    DataConfig,
-    ModelConfig,
-    ParallelConfig,
-    TrainConfig,
-    _Section,
-)
+from taco.train.config.parallel import ParallelConfig
+from taco.train.config.schema import DataConfig, ModelConfig, TrainConfig, _Section
 
 _SECTIONS: dict[str, type[_Section]] = {
     "model": ModelConfig,
